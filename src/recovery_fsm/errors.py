@@ -1,0 +1,41 @@
+"""Typed errors. Every error raised by the controller leaves it exactly as it was."""
+
+from __future__ import annotations
+
+
+class RecoveryError(Exception):
+    """Base class of everything recovery_fsm raises on purpose."""
+
+
+class MalformedEvent(RecoveryError, ValueError):
+    """An event whose fields are of the wrong type or out of range."""
+
+
+class UnknownGroup(RecoveryError, KeyError):
+    """An event names a worker group the controller has never registered."""
+
+    def __str__(self) -> str:  # KeyError would quote the message.
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownVersion(RecoveryError, KeyError):
+    """An event names a weight version the controller has no checkpoint or sync for."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class EventNotAllowed(RecoveryError):
+    """The event is well formed but not allowed in the current state."""
+
+
+class LeaseError(RecoveryError):
+    """A lease released twice, or one the controller never granted."""
+
+
+class InvariantViolation(RecoveryError, AssertionError):
+    """A safety rule does not hold; carries every violated rule."""
+
+    def __init__(self, violations: list[str]) -> None:
+        super().__init__("; ".join(violations))
+        self.violations = violations
