@@ -161,7 +161,7 @@ class RecoveryController:
                     raise MalformedEvent(
                         f"expected one of the recovery_fsm events, got {type(event).__name__}"
                     )
-                at = event.at  # type: ignore[attr-defined]
+                at = event.at
                 if self._now is not None and at < self._now:
                     raise MalformedEvent(
                         f"time went backwards: event at {at} after an event at {self._now}"
@@ -263,8 +263,7 @@ class RecoveryController:
         self._require_open(e)
         if e.version <= self._fleet.version:
             raise EventNotAllowed(
-                f"WeightsSynced must move to a version above {self._fleet.version}, "
-                f"got {e.version}"
+                f"WeightsSynced must move to a version above {self._fleet.version}, got {e.version}"
             )
         for name in e.groups:
             self._require_group(name)
@@ -517,9 +516,7 @@ class RecoveryController:
         assert ck.record.state == "ready" and ck.record.version == self._fleet.version
         assert ck.record.path is not None
         self._lease_seq += 1
-        lease = Lease(
-            f"L{self._lease_seq}", g.record.name, ck.record.version, self._fleet.version
-        )
+        lease = Lease(f"L{self._lease_seq}", g.record.name, ck.record.version, self._fleet.version)
         self._leases[lease.id] = lease
         ck.record.leases += 1
         g.record.lease = lease.id
@@ -562,8 +559,10 @@ class RecoveryController:
     def _quiescent(self) -> bool:
         if self._leases:
             return False
-        if any(c.record.state in {"exporting", "abandoned", "deletable"}
-               for c in self._checkpoints.values()):
+        if any(
+            c.record.state in {"exporting", "abandoned", "deletable"}
+            for c in self._checkpoints.values()
+        ):
             return False
         return not any(
             g.record.state in {"loading", "relaunching", "awaiting_checkpoint"}
@@ -582,7 +581,9 @@ class RecoveryController:
             raise UnknownGroup(f"unknown group {name!r}; registered: {sorted(self._groups)}")
         return g
 
-    def _require_group_in(self, e: ev.Event, name: str, states: set[str] | frozenset[str]) -> _Group:
+    def _require_group_in(
+        self, e: ev.Event, name: str, states: set[str] | frozenset[str]
+    ) -> _Group:
         g = self._require_group(name)
         if g.record.state not in states:
             raise EventNotAllowed(

@@ -7,7 +7,7 @@ Field validation happens here, at construction, so a malformed event never reach
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -36,9 +36,14 @@ def _check_text(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         raise MalformedEvent(f"{attr.name} must be a string, got {value!r}")
 
 
+def _to_groups(value: Any) -> frozenset[str]:
+    """Any iterable of names; a bare string would silently become a set of letters."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise MalformedEvent(f"groups must be a set of group names, got {value!r}")
+    return frozenset(value)
+
+
 def _check_groups(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if not isinstance(value, frozenset):
-        raise MalformedEvent(f"{attr.name} must be a frozenset of group names, got {value!r}")
     for name in value:
         _check_name(_inst, attr, name)
 
@@ -49,6 +54,9 @@ _time = attrs.field(validator=_check_time)
 @attrs.frozen
 class Event:
     """Base class; ``kind`` names the event in the journal."""
+
+    if TYPE_CHECKING:  # every event has it; declared per class to keep field order natural
+        at: float
 
     @property
     def kind(self) -> str:
@@ -64,7 +72,7 @@ class WeightsSynced(Event):
 
     version: int = attrs.field(validator=_check_version)
     groups: frozenset[str] = attrs.field(
-        converter=frozenset, validator=_check_groups, repr=lambda g: repr(sorted(g))
+        converter=_to_groups, validator=_check_groups, repr=lambda g: repr(sorted(g))
     )
     at: float = _time
 

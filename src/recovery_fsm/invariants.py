@@ -31,9 +31,9 @@ def violations(c: RecoveryController) -> list[str]:
     # Leases only on a committed checkpoint of the then-current version; counts match.
     live = Counter(lease.version for lease in c._leases.values())
     for lease in c._leases.values():
-        ck = cks.get(lease.version)
-        if ck is None or ck.record.state not in {"ready", "superseded"}:
-            state = ck.record.state if ck else c._finished.get(lease.version, "missing")
+        held = cks.get(lease.version)
+        if held is None or held.record.state not in {"ready", "superseded"}:
+            state = held.record.state if held else c._finished.get(lease.version, "missing")
             out.append(f"lease {lease.id} holds checkpoint {lease.version}, which is {state}")
         if lease.version != lease.granted_at_version:
             out.append(

@@ -74,9 +74,7 @@ class CheckpointMachine(StateMachine):
 
     # The write finished. A stale (abandoned) write is removed at once unless pinned.
     commit = (
-        exporting.to(ready)
-        | abandoned.to(deletable, cond="reapable")
-        | abandoned.to(superseded)
+        exporting.to(ready) | abandoned.to(deletable, cond="reapable") | abandoned.to(superseded)
     )
     # A newer version was synced: a ready C(v) is no longer the recovery source.
     supersede = ready.to(superseded)
