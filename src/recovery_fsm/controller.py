@@ -626,9 +626,10 @@ class RecoveryController:
     # -- plumbing ----------------------------------------------------------------------------
 
     def _fire(self, machine: StateMachine, label: str, event: str) -> None:
-        source = machine.current_state_value
+        model = machine.model  # the record; cheaper to read than the machine's configuration
+        source = model.state
         machine.send(event)
-        self._transitions.append((label, event, source, machine.current_state_value))
+        self._transitions.append((label, event, source, model.state))
 
     def _fire_ck(self, ck: _Checkpoint, event: str) -> None:
         self._fire(ck.machine, f"checkpoint:{ck.record.version}", event)

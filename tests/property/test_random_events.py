@@ -1,0 +1,86 @@
+"""Random event streams: every event is either accepted with the invariants still holding, or
+refused with a typed error and no change at all."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from recovery_fsm import RecoveryConfig, RecoveryController, RecoveryError
+from recovery_fsm import events as ev
+
+GROUPS = ["g0", "g1", "g2"]
+group = st.sampled_from(GROUPS)
+version = st.integers(0, 4)
+lease = st.sampled_from([f"L{i}" for i in range(1, 6)])
+
+
+def _event(kind: str, draw: st.DrawFn, at: float) -> ev.Event:
+    if kind == "sync":
+        return ev.WeightsSynced(draw(version), frozenset(draw(st.sets(group))), at)
+    if kind == "start":
+        return ev.ExportStarted(draw(version), at, pinned=draw(st.booleans()))
+    if kind == "commit":
+        v = draw(version)
+        return ev.ExportCommitted(v, f"/ckpt/step-{v}", at)
+    if kind == "export_failed":
+        return ev.ExportFailed(draw(version), "boom", at)
+    if kind == "cancelled":
+        return ev.ExportCancelled(draw(version), at)
+    if kind == "pin":
+        return ev.CheckpointPinned(draw(version), at)
+    if kind == "deleted":
+        return ev.CheckpointDeleted(draw(version), at)
+    if kind == "register":
+        return ev.GroupRegistered(draw(group), draw(version), at)
+    if kind == "probe_failed":
+        return ev.ProbeFailed(draw(group), at)
+    if kind == "probe_ok":
+        return ev.ProbeOk(draw(group), at)
+    if kind == "group_failed":
+        return ev.GroupFailed(draw(group), at)
+    if kind == "loaded":
+        return ev.RestartLoaded(draw(group), draw(lease), at)
+    if kind == "load_failed":
+        return ev.RestartLoadFailed(draw(group), draw(lease), at)
+    if kind == "relaunched":
+        return ev.Relaunched(draw(group), at)
+    if kind == "relaunch_failed":
+        return ev.RelaunchFailed(draw(group), at)
+    if kind == "tick":
+        return ev.Tick(at)
+    return ev.Shutdown(at)
+
+
+KINDS = [
+    "sync", "start", "commit", "export_failed", "cancelled", "pin", "deleted", "register",
+    "probe_failed", "probe_ok", "group_failed", "loaded", "load_failed", "relaunched",
+    "relaunch_failed", "tick", "shutdown",
+]  # fmt: skip
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> list[ev.Event]:
+    out: list[ev.Event] = [ev.GroupRegistered(g, 0, 0.0) for g in GROUPS]
+    at = 0.0
+    for _ in range(draw(st.integers(1, 60))):
+        at += draw(st.sampled_from([0.0, 1.0, 50.0]))
+        out.append(_event(draw(st.sampled_from(KINDS)), draw, at))
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(streams())
+def test_accepted_or_refused_without_change(stream: list[ev.Event]) -> None:
+    c = RecoveryController(
+        RecoveryConfig(
+            clean_syncs_to_reenable=2, restart_budget=3, await_checkpoint_timeout_s=100.0
+        )
+    )
+    for event in stream:
+        before = c.snapshot()
+        try:
+            c.handle(event)
+        except RecoveryError:
+            assert c.snapshot() == before
+        assert c.check_invariants() == []
