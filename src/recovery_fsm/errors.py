@@ -39,3 +39,19 @@ class InvariantViolation(RecoveryError, AssertionError):
     def __init__(self, violations: list[str]) -> None:
         super().__init__("; ".join(violations))
         self.violations = violations
+
+
+class UnsafePath(RecoveryError, ValueError):
+    """A delete or load outside the checkpoint root's naming scheme was refused."""
+
+
+class CorruptCheckpoint(RecoveryError):
+    """A checkpoint directory does not match its manifest (or has none)."""
+
+
+class ExportCancelledError(RecoveryError):
+    """The export was cancelled (a newer version started, or cancel() was called)."""
+
+
+class BadExportInput(RecoveryError, ValueError):
+    """export() was given something it cannot write; nothing was started."""

@@ -1,0 +1,18 @@
+"""Asynchronous Hugging Face export and loading of recovery checkpoints (extra ``[torch]``)."""
+
+from .exporter import AsyncHFExporter, ExportHandle, parse_size
+from .loader import LoadedCheckpoint, digest_of, load_checkpoint, load_model
+from .store import MANIFEST, CheckpointStore, ScanReport
+
+__all__ = [
+    "MANIFEST",
+    "AsyncHFExporter",
+    "CheckpointStore",
+    "ExportHandle",
+    "LoadedCheckpoint",
+    "ScanReport",
+    "digest_of",
+    "load_checkpoint",
+    "load_model",
+    "parse_size",
+]

@@ -1,0 +1,429 @@
+"""Asynchronous Hugging Face export of the current weights, for immediate recovery.
+
+The trainer's thread pays only for staging: one copy of every tensor into host buffers that
+are reused across exports. Everything else (sharding, dtype conversion, hashing, writing,
+fsync, the atomic rename) runs in the background, and every outcome is reported as an event.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import attrs
+import torch
+
+from .. import events as ev
+from ..errors import BadExportInput, ExportCancelledError
+from .safetensors_io import DTYPE_NAMES, nbytes, weights_digest, write_file
+from .store import FORMAT, MANIFEST, CheckpointStore, file_sha256, fsync_dir
+
+# report(EventClass, **fields): ControllerLink.send has this shape.
+Report = Callable[..., object]
+Weights = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def parse_size(size: int | str) -> int:
+    """``5GB``, ``500MB``, ``1GiB`` or bytes, as transformers' ``max_shard_size`` accepts."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        if size <= 0:
+            raise BadExportInput(f"max_shard_size must be positive, got {size}")
+        return size
+    if not isinstance(size, str):
+        raise BadExportInput(f"max_shard_size must be an int or a string like '2GB', got {size!r}")
+    text = size.strip().upper()
+    for suffix, factor in (
+        ("GIB", 1 << 30), ("MIB", 1 << 20), ("KIB", 1 << 10),
+        ("GB", 10**9), ("MB", 10**6), ("KB", 10**3), ("B", 1),
+    ):  # fmt: skip
+        if text.endswith(suffix):
+            try:
+                return parse_size(int(float(text[: -len(suffix)]) * factor))
+            except ValueError:
+                break
+    raise BadExportInput(f"max_shard_size {size!r} is not a size like '2GB' or '500MB'")
+
+
+@attrs.frozen
+class ExportHandle:
+    """What ``export`` returns at once. The committed path travels only through ``future``."""
+
+    version: int
+    future: Future[Path] = attrs.field(repr=False)
+    _cancel: threading.Event = attrs.field(repr=False, alias="cancel_flag")
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self, timeout: float | None = None) -> Path:
+        return self.future.result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self.future.exception(timeout)
+
+    def cancel(self) -> None:
+        """Ask the writer to stop at the next tensor; the future then raises
+        ExportCancelledError (unless the write already committed)."""
+        self._cancel.set()
+
+
+@attrs.define(eq=False)
+class _Job:
+    version: int
+    tensors: list[tuple[str, torch.Tensor]]
+    aliases: dict[str, str]
+    buffers: dict[str, torch.Tensor]
+    config_json: str | None
+    generation_config_json: str | None
+    tokenizer: Any
+    handle: ExportHandle
+
+
+class AsyncHFExporter:
+    """One background export at a time into ``CheckpointStore(root)``.
+
+    ``report`` receives every outcome as ``report(EventClass, **fields)``: ExportStarted from
+    the caller's thread, then ExportCommitted, ExportFailed or ExportCancelled from the writer.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | CheckpointStore,
+        *,
+        report: Report | None = None,
+        max_shard_size: int | str = "5GB",
+        dtype: torch.dtype | None = None,
+        write_threads: int = 2,
+        fsync: bool = True,
+        opener: Callable[[str | os.PathLike[str]], BinaryIO] | None = None,
+    ) -> None:
+        if dtype is not None and (dtype not in DTYPE_NAMES or not dtype.is_floating_point):
+            raise BadExportInput(f"dtype must be a floating dtype safetensors holds, got {dtype}")
+        if type(write_threads) is not int or write_threads < 1:
+            raise BadExportInput(f"write_threads must be an int >= 1, got {write_threads!r}")
+        self.store = root if isinstance(root, CheckpointStore) else CheckpointStore(root)
+        self.max_shard_size = parse_size(max_shard_size)
+        self.dtype = dtype
+        self._report = report
+        self._fsync = fsync
+        self._opener = opener  # tests inject writer faults here
+        self._lock = threading.Lock()
+        self._current: _Job | None = None
+        self._last_version: int | None = None
+        self._free_buffers: list[dict[str, torch.Tensor]] = []
+        self._closed = False
+        # One orchestrator: a new job queues behind the one it cancelled, so at most one
+        # export ever writes, and a cancelled job's buffers are free before they are reused.
+        self._orchestrator = ThreadPoolExecutor(1, thread_name_prefix="hf-export")
+        self._writers = ThreadPoolExecutor(write_threads, thread_name_prefix="hf-export-shard")
+
+    # -- the trainer's side ----------------------------------------------------------------
+
+    def export(
+        self,
+        version: int,
+        weights: Weights,
+        *,
+        config: Any = None,
+        generation_config: Any = None,
+        tokenizer: Any = None,
+        pinned: bool = False,
+    ) -> ExportHandle:
+        """Stage ``weights`` (the caller may change them as soon as this returns) and write
+        them in the background as ``<root>/step-<version>``."""
+        if type(version) is not int or version < 0:
+            raise BadExportInput(f"version must be an int >= 0, got {version!r}")
+        with self._lock:
+            if self._closed:
+                raise BadExportInput("the exporter is closed")
+            if self._last_version is not None and version <= self._last_version:
+                raise BadExportInput(
+                    f"versions must increase: got {version} after {self._last_version}"
+                )
+            buffers = self._take_buffers()
+        try:
+            tensors, aliases = _stage(weights, buffers)
+            config_json = _to_json(config, "config")
+            gen_json = _to_json(generation_config, "generation_config")
+        except BaseException:
+            self._give_back(buffers)
+            raise
+        handle = ExportHandle(version, Future(), threading.Event())
+        job = _Job(version, tensors, aliases, buffers, config_json, gen_json, tokenizer, handle)
+        with self._lock:
+            previous, self._current = self._current, job
+            self._last_version = version
+        if previous is not None:
+            previous.handle.cancel()
+        self._send(ev.ExportStarted, version=version, pinned=pinned)
+        self._orchestrator.submit(self._run, job)
+        return handle
+
+    def cancel(self, version: int) -> bool:
+        """Cancel the export of ``version`` if it is the one in flight (the CancelExport
+        effect's executor). Returns whether there was one to cancel."""
+        with self._lock:
+            job = self._current
+        if job is None or job.version != version or job.handle.done():
+            return False
+        job.handle.cancel()
+        return True
+
+    def close(self, *, cancel: bool = False) -> None:
+        """Flush: wait for the export in flight to commit (or cancel it first)."""
+        with self._lock:
+            self._closed = True
+            job = self._current
+        if cancel and job is not None:
+            job.handle.cancel()
+        self._orchestrator.shutdown(wait=True)
+        self._writers.shutdown(wait=True)
+
+    def __enter__(self) -> AsyncHFExporter:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- the background side ---------------------------------------------------------------
+
+    def _run(self, job: _Job) -> None:
+        tmp = self.store.temp_path(job.version)
+        final = self.store.path_for(job.version)
+        try:
+            self._check(job)
+            if final.exists():
+                raise FileExistsError(f"{final} already exists")
+            tmp.mkdir()
+            self._write(job, tmp)
+            self._check(job)
+            os.rename(tmp, final)
+            if self._fsync:
+                fsync_dir(self.store.root)
+        except ExportCancelledError as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            self._finish(job, error=err)
+            self._send(ev.ExportCancelled, version=job.version)
+        except BaseException as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            self._finish(job, error=err)
+            self._send(ev.ExportFailed, version=job.version, error=f"{type(err).__name__}: {err}")
+        else:
+            self._finish(job, result=final)
+            self._send(ev.ExportCommitted, version=job.version, path=str(final))
+
+    def _finish(
+        self, job: _Job, *, result: Path | None = None, error: BaseException | None = None
+    ) -> None:
+        job.tensors = []
+        self._give_back(job.buffers)
+        with self._lock:
+            if self._current is job:
+                self._current = None
+        if error is not None:
+            job.handle.future.set_exception(error)
+        else:
+            assert result is not None
+            job.handle.future.set_result(result)
+
+    def _check(self, job: _Job) -> None:
+        if job.handle._cancel.is_set():
+            raise ExportCancelledError(f"export of version {job.version} was cancelled")
+
+    def _write(self, job: _Job, tmp: Path) -> dict[str, Any]:
+        tensors = [(n, _convert(t, self.dtype)) for n, t in job.tensors]
+        shards = _plan_shards(tensors, self.max_shard_size)
+        names = (
+            [SINGLE_FILE]
+            if len(shards) == 1
+            else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+        )
+        futures = [
+            self._writers.submit(
+                write_file,
+                tmp / name,
+                shard,
+                check=lambda: self._check(job),
+                opener=self._opener,
+                fsync=self._fsync,
+            )
+            for name, shard in zip(names, shards, strict=True)
+        ]
+        results = [f.result() for f in futures]  # re-raises the first writer error
+
+        files: dict[str, dict[str, Any]] = {}
+        tensor_meta: dict[str, dict[str, Any]] = {}
+        for name, shard, (size, sha, per_tensor) in zip(names, shards, results, strict=True):
+            files[name] = {"size": size, "sha256": sha}
+            for tname, t in shard:
+                tensor_meta[tname] = {
+                    "dtype": DTYPE_NAMES[t.dtype],
+                    "shape": list(t.shape),
+                    "file": name,
+                    "sha256": per_tensor[tname],
+                }
+        if len(shards) > 1:
+            index = {
+                "metadata": {"total_size": sum(nbytes(t) for _, t in tensors)},
+                "weight_map": {t: meta["file"] for t, meta in sorted(tensor_meta.items())},
+            }
+            self._write_small(tmp, INDEX_FILE, json.dumps(index, indent=2) + "\n", files)
+        if job.config_json is not None:
+            self._write_small(tmp, "config.json", job.config_json, files)
+        if job.generation_config_json is not None:
+            self._write_small(tmp, "generation_config.json", job.generation_config_json, files)
+        if job.tokenizer is not None:
+            self._check(job)
+            before = set(os.listdir(tmp))
+            job.tokenizer.save_pretrained(str(tmp))
+            for extra in sorted(set(os.listdir(tmp)) - before):
+                self._adopt(tmp / extra, files)
+
+        digest = weights_digest(
+            [(n, m["dtype"], m["shape"], m["sha256"]) for n, m in tensor_meta.items()]
+        )
+        manifest = {
+            "format": FORMAT,
+            "version": job.version,
+            "weights_digest": digest,
+            "dtype": str(self.dtype).removeprefix("torch.") if self.dtype else None,
+            "files": files,
+            "tensors": tensor_meta,
+            "aliases": job.aliases,
+        }
+        # Written last: only a directory holding a manifest can ever be taken as committed.
+        self._write_small(tmp, MANIFEST, json.dumps(manifest, indent=1) + "\n", None)
+        if self._fsync:
+            fsync_dir(tmp)
+        return manifest
+
+    def _write_small(
+        self, tmp: Path, name: str, text: str, files: dict[str, dict[str, Any]] | None
+    ) -> None:
+        path = tmp / name
+        data = text.encode()
+        open_ = self._opener or (lambda p: open(p, "xb"))  # noqa: SIM115
+        with open_(path) as f:
+            f.write(data)
+            f.flush()
+            if self._fsync:
+                os.fsync(f.fileno())
+        if files is not None:
+            files[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+    def _adopt(self, path: Path, files: dict[str, dict[str, Any]]) -> None:
+        """Record (and fsync) a file another library wrote into the checkpoint."""
+        if not path.is_file():
+            raise BadExportInput(f"tokenizer.save_pretrained wrote a directory {path.name}")
+        if self._fsync:
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+        files[path.name] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
+
+    def _send(self, cls: type[ev.Event], **fields: Any) -> None:
+        if self._report is not None:
+            self._report(cls, **fields)
+
+    # -- staging buffers -------------------------------------------------------------------
+
+    def _take_buffers(self) -> dict[str, torch.Tensor]:
+        return self._free_buffers.pop() if self._free_buffers else {}
+
+    def _give_back(self, buffers: dict[str, torch.Tensor]) -> None:
+        with self._lock:
+            if len(self._free_buffers) < 2:
+                self._free_buffers.append(buffers)
+
+
+def _stage(
+    weights: Weights, buffers: dict[str, torch.Tensor]
+) -> tuple[list[tuple[str, torch.Tensor]], dict[str, str]]:
+    """Copy every tensor into host buffers (reused when shape and dtype match); tensors
+    sharing storage (tied weights) are staged once and recorded as aliases."""
+    items = weights.items() if isinstance(weights, Mapping) else weights
+    staged: list[tuple[str, torch.Tensor]] = []
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[Any, ...], str] = {}
+    names: set[str] = set()
+    on_cuda = False
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise BadExportInput(f"expected (name, tensor) pairs, got {item!r:.80}")
+        name, t = item
+        if not isinstance(name, str) or not name:
+            raise BadExportInput(f"tensor names must be non-empty strings, got {name!r}")
+        if name in names:
+            raise BadExportInput(f"tensor {name!r} appears twice")
+        if not isinstance(t, torch.Tensor):
+            raise BadExportInput(f"{name!r} is a {type(t).__name__}, expected a torch.Tensor")
+        if t.layout != torch.strided or t.device.type == "meta":
+            raise BadExportInput(f"{name!r} is a {t.layout} tensor on {t.device}: cannot export")
+        if t.dtype not in DTYPE_NAMES:
+            raise BadExportInput(f"{name!r} has dtype {t.dtype}, which safetensors cannot hold")
+        names.add(name)
+        t = t.detach()
+        if t.numel() > 0:
+            key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(),
+                   tuple(t.shape), tuple(t.stride()), t.dtype)  # fmt: skip
+            if key in seen:
+                aliases[name] = seen[key]
+                continue
+            seen[key] = name
+        buf = buffers.get(name)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+            buffers[name] = buf
+        buf.copy_(t, non_blocking=t.is_cuda)
+        on_cuda = on_cuda or t.is_cuda
+        staged.append((name, buf))
+    if on_cuda:
+        torch.cuda.synchronize()
+    for stale in set(buffers) - {n for n, _ in staged}:
+        del buffers[stale]
+    return staged, aliases
+
+
+def _convert(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    if dtype is None or not t.is_floating_point() or t.dtype == dtype:
+        return t
+    return t.to(dtype)
+
+
+def _plan_shards(
+    tensors: list[tuple[str, torch.Tensor]], limit: int
+) -> list[list[tuple[str, torch.Tensor]]]:
+    """Greedy in order, as transformers does: a new shard when the next tensor would not fit."""
+    shards: list[list[tuple[str, torch.Tensor]]] = [[]]
+    size = 0
+    for name, t in tensors:
+        n = nbytes(t)
+        if shards[-1] and size + n > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, t))
+        size += n
+    return shards
+
+
+def _to_json(obj: Any, what: str) -> str | None:
+    """Serialize a config at call time, so later changes to it cannot leak into the export."""
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return json.dumps(dict(obj), indent=2, sort_keys=True) + "\n"
+    to_json = getattr(obj, "to_json_string", None)
+    if callable(to_json):
+        return str(to_json())
+    raise BadExportInput(
+        f"{what} must be a transformers config or a dict, got {type(obj).__name__}"
+    )
