@@ -12,13 +12,17 @@ from .effects import (
     StopGroup,
 )
 from .errors import (
+    BadExportInput,
+    CorruptCheckpoint,
     EventNotAllowed,
+    ExportCancelledError,
     InvariantViolation,
     LeaseError,
     MalformedEvent,
     RecoveryError,
     UnknownGroup,
     UnknownVersion,
+    UnsafePath,
 )
 from .events import (
     CheckpointDeleted,
@@ -42,14 +46,17 @@ from .events import (
 )
 
 __all__ = [
+    "BadExportInput",
     "CancelExport",
     "CheckpointDeleted",
     "CheckpointPinned",
+    "CorruptCheckpoint",
     "DeleteCheckpoint",
     "Effect",
     "Event",
     "EventNotAllowed",
     "ExportCancelled",
+    "ExportCancelledError",
     "ExportCommitted",
     "ExportFailed",
     "ExportStarted",
@@ -77,5 +84,6 @@ __all__ = [
     "Tick",
     "UnknownGroup",
     "UnknownVersion",
+    "UnsafePath",
     "WeightsSynced",
 ]

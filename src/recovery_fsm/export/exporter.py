@@ -13,7 +13,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -87,6 +87,8 @@ class _Job:
     generation_config_json: str | None
     tokenizer: Any
     handle: ExportHandle
+    # Set when one shard writer failed, so the others stop at their next tensor.
+    abort: threading.Event = attrs.field(factory=threading.Event)
 
 
 class AsyncHFExporter:
@@ -237,7 +239,7 @@ class AsyncHFExporter:
             job.handle.future.set_result(result)
 
     def _check(self, job: _Job) -> None:
-        if job.handle._cancel.is_set():
+        if job.handle._cancel.is_set() or job.abort.is_set():
             raise ExportCancelledError(f"export of version {job.version} was cancelled")
 
     def _write(self, job: _Job, tmp: Path) -> dict[str, Any]:
@@ -259,7 +261,17 @@ class AsyncHFExporter:
             )
             for name, shard in zip(names, shards, strict=True)
         ]
-        results = [f.result() for f in futures]  # re-raises the first writer error
+        _, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        if pending:
+            # One shard failed: stop the others and let them finish before the caller
+            # removes the directory they write into.
+            job.abort.set()
+            wait(pending)
+        errors = [e for f in futures if (e := f.exception()) is not None]
+        if errors:
+            # The root cause, not the cancellations it caused in the other writers.
+            raise next((e for e in errors if not isinstance(e, ExportCancelledError)), errors[0])
+        results = [f.result() for f in futures]
 
         files: dict[str, dict[str, Any]] = {}
         tensor_meta: dict[str, dict[str, Any]] = {}

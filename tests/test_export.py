@@ -1,0 +1,301 @@
+"""The exporter against real files, real tensors and a tiny Llama built from a config."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from recovery_fsm import BadExportInput, ExportCancelledError, RecoveryController
+from recovery_fsm import events as ev
+from recovery_fsm.effects import RestartFromCheckpoint
+from recovery_fsm.export import (
+    MANIFEST,
+    AsyncHFExporter,
+    CheckpointStore,
+    digest_of,
+    load_checkpoint,
+    load_model,
+)
+from recovery_fsm.link import ControllerLink
+
+
+def tiny_config(**overrides: Any) -> LlamaConfig:
+    base: dict[str, Any] = dict(
+        vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    base.update(overrides)
+    return LlamaConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(tiny_config()).eval()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, cls: type, **fields: Any) -> None:
+        with self.lock:
+            self.events.append((cls.__name__, fields))
+
+    def kinds(self) -> list[str]:
+        return [k for k, _ in self.events]
+
+
+def _leftovers(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith(".tmp-"))
+
+
+def test_sharded_round_trip_is_bit_identical(model: Any, tmp_path: Path) -> None:
+    rec = Recorder()
+    with AsyncHFExporter(tmp_path, report=rec, max_shard_size="60KB") as ex:
+        path = ex.export(3, model.state_dict(), config=model.config,
+                         generation_config=model.generation_config).result(60)  # fmt: skip
+    assert path == tmp_path / "step-3"
+    assert rec.kinds() == ["ExportStarted", "ExportCommitted"]
+    assert rec.events[1][1] == {"version": 3, "path": str(path)}
+
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in path.glob("model-*.safetensors"))
+    assert len(shards) > 2 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    assert set(index["weight_map"].values()) == set(shards)
+    sd = model.state_dict()
+    assert set(index["weight_map"]) == set(sd) - {"lm_head.weight"}  # tied: saved once
+    on_disk: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        with safe_open(str(path / shard), framework="pt") as f:
+            on_disk.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size()
+                                                  for t in on_disk.values())  # fmt: skip
+    for name, tensor in on_disk.items():
+        assert torch.equal(tensor, sd[name]), name
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    for name, tensor in sd.items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    ids = torch.randint(0, 320, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    assert (path / "generation_config.json").exists()
+    assert _leftovers(tmp_path) == []
+
+
+def test_same_tensor_names_as_save_pretrained(model: Any, tmp_path: Path) -> None:
+    model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), framework="pt") as f:
+        hf_keys = set(f.keys())
+    with AsyncHFExporter(tmp_path / "ours") as ex:
+        path = ex.export(1, model.state_dict(), config=model.config).result(60)
+    assert sorted(p.name for p in path.glob("*.safetensors")) == ["model.safetensors"]
+    assert not (path / "model.safetensors.index.json").exists()
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        assert set(f.keys()) == hf_keys
+
+
+def test_caller_may_change_weights_right_after_export(model: Any, tmp_path: Path) -> None:
+    m = AutoModelForCausalLM.from_config(tiny_config()).eval()
+    m.load_state_dict(model.state_dict())
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    with AsyncHFExporter(tmp_path, max_shard_size="40KB") as ex:
+        handle = ex.export(1, m.state_dict(), config=m.config)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.mul_(-3.0).add_(1.0)
+        loaded = load_checkpoint(handle.result(60), verify="full")
+    for name, tensor in before.items():
+        assert torch.equal(loaded.state_dict[name], tensor), name
+    assert not torch.equal(m.state_dict()["model.norm.weight"], before["model.norm.weight"])
+
+
+def test_staging_buffers_are_reused_across_exports(model: Any, tmp_path: Path) -> None:
+    sd = model.state_dict()
+    with AsyncHFExporter(tmp_path) as ex:
+        ex.export(1, sd).result(60)
+        pool = ex._free_buffers[-1]
+        first = {k: v.data_ptr() for k, v in pool.items()}
+        ex.export(2, sd).result(60)
+        assert {k: v.data_ptr() for k, v in ex._free_buffers[-1].items()} == first
+
+
+def test_bf16_export_and_digest(model: Any, tmp_path: Path) -> None:
+    with AsyncHFExporter(tmp_path, dtype=torch.bfloat16) as ex:
+        path = ex.export(1, model.state_dict(), config=model.config).result(60)
+    loaded = load_checkpoint(path)
+    expected = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
+    for name, tensor in expected.items():
+        assert loaded.state_dict[name].dtype == torch.bfloat16
+        assert torch.equal(loaded.state_dict[name], tensor), name
+    assert loaded.digest == digest_of(expected, {"lm_head.weight": "model.embed_tokens.weight"})
+    assert loaded.state_dict["lm_head.weight"] is loaded.state_dict["model.embed_tokens.weight"]
+
+
+def test_iterator_of_pairs_and_tokenizer(model: Any, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "hello": 1, "world": 2}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="<unk>")),
+                                  unk_token="<unk>")  # fmt: skip
+
+    def pairs() -> Iterator[tuple[str, torch.Tensor]]:
+        yield from model.state_dict().items()
+
+    with AsyncHFExporter(tmp_path) as ex:
+        path = ex.export(1, pairs(), config=model.config, tokenizer=tok).result(60)
+    manifest = json.loads((path / MANIFEST).read_text())
+    assert "tokenizer.json" in manifest["files"]
+    assert CheckpointStore(tmp_path).verify(path, full=True)["version"] == 1
+    assert load_model(path).config.hidden_size == 64
+
+
+class SlowFile:
+    """A real file whose writes take a while, so a cancel lands mid-export."""
+
+    def __init__(self, path: Any, delay: float) -> None:
+        self._f = open(path, "xb")  # noqa: SIM115
+        self._delay = delay
+
+    def write(self, data: Any) -> int:
+        time.sleep(self._delay)
+        return self._f.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+    def __enter__(self) -> SlowFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._f.close()
+
+
+def test_newer_export_cancels_the_one_in_flight(model: Any, tmp_path: Path) -> None:
+    rec = Recorder()
+    ex = AsyncHFExporter(tmp_path, report=rec, max_shard_size="20KB", write_threads=1,
+                         opener=lambda p: SlowFile(p, 0.02))  # fmt: skip
+    first = ex.export(1, model.state_dict())
+    time.sleep(0.1)
+    second = ex.export(2, model.state_dict())
+    with pytest.raises(ExportCancelledError):
+        first.result(60)
+    assert second.result(60) == tmp_path / "step-2"
+    ex.close()
+    assert not (tmp_path / "step-1").exists()
+    assert _leftovers(tmp_path) == []
+    kinds = rec.kinds()
+    assert kinds.index("ExportCancelled") > kinds.index("ExportStarted")
+    assert [k for k, f in rec.events if f["version"] == 1] == ["ExportStarted", "ExportCancelled"]
+    assert [k for k, f in rec.events if f["version"] == 2] == ["ExportStarted", "ExportCommitted"]
+
+
+class FailingOpener:
+    def __init__(self, fail_on: int, error: OSError) -> None:
+        self.calls = 0
+        self.fail_on = fail_on
+        self.error = error
+
+    def __call__(self, path: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.fail_on:
+            raise self.error
+        return open(path, "xb")  # noqa: SIM115
+
+
+@pytest.mark.parametrize(
+    "error", [PermissionError(13, "Permission denied"), OSError(28, "No space left on device")]
+)
+def test_writer_fault_ends_failed_and_keeps_the_committed_one(
+    model: Any, tmp_path: Path, error: OSError
+) -> None:
+    rec = Recorder()
+    with AsyncHFExporter(tmp_path, report=rec, max_shard_size="40KB") as ex:
+        good = ex.export(1, model.state_dict()).result(60)
+        ex._opener = FailingOpener(3, error)
+        bad = ex.export(2, model.state_dict())
+        assert isinstance(bad.exception(60), OSError)
+    assert rec.events[-1][0] == "ExportFailed" and rec.events[-1][1]["version"] == 2
+    assert str(error.strerror) in rec.events[-1][1]["error"]
+    assert _leftovers(tmp_path) == [] and not (tmp_path / "step-2").exists()
+    assert load_checkpoint(good, verify="full").version == 1
+
+
+def test_unserializable_tensor_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    rec = Recorder()
+    with AsyncHFExporter(tmp_path, report=rec) as ex:
+        for weights, words in [
+            ({"a": torch.zeros(2, dtype=torch.complex64)}, "cannot hold"),
+            ({"a": [1, 2]}, "expected a torch.Tensor"),
+            ([("a", torch.zeros(1)), ("a", torch.zeros(1))], "appears twice"),
+            ({"a": torch.zeros(2, device="meta")}, "cannot export"),
+        ]:
+            with pytest.raises(BadExportInput, match=words):
+                ex.export(1, weights)  # type: ignore[arg-type]
+        ex.export(5, {"a": torch.zeros(2)}).result(60)
+        with pytest.raises(BadExportInput, match="versions must increase"):
+            ex.export(5, {"a": torch.zeros(2)})
+    assert rec.kinds() == ["ExportStarted", "ExportCommitted"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-5"]
+
+
+def _mount_tmpfs(path: Path, options: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    return os.geteuid() == 0 and os.system(f"mount -t tmpfs -o {options} tmpfs {path}") == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
+def test_real_enospc_on_a_small_tmpfs(model: Any, tmp_path: Path) -> None:
+    mnt = tmp_path / "small"
+    assert _mount_tmpfs(mnt, "size=200k")
+    try:
+        rec = Recorder()
+        with AsyncHFExporter(mnt, report=rec) as ex:
+            err = ex.export(1, model.state_dict()).exception(60)
+        assert isinstance(err, OSError) and err.errno == 28
+        assert rec.kinds() == ["ExportStarted", "ExportFailed"]
+        assert list(mnt.iterdir()) == []
+    finally:
+        os.system(f"umount {mnt}")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
+def test_read_only_root_fails_cleanly(model: Any, tmp_path: Path) -> None:
+    mnt = tmp_path / "ro"
+    assert _mount_tmpfs(mnt, "size=1m")
+    try:
+        os.system(f"mount -o remount,ro {mnt}")
+        rec = Recorder()
+        with AsyncHFExporter(mnt, report=rec) as ex:
+            err = ex.export(1, model.state_dict()).exception(60)
+        assert isinstance(err, OSError) and err.errno == 30  # EROFS
+        assert rec.kinds() == ["ExportStarted", "ExportFailed"]
+    finally:
+        os.system(f"umount {mnt}")
+
+
+def test_exporter_drives_the_controller(model: Any, tmp_path: Path) -> None:
+    c = RecoveryController()
+    link = ControllerLink(c)
+    link.send(ev.GroupRegistered, group="g1", version=0)
+    link.send(ev.WeightsSynced, version=1, groups=frozenset({"g1"}))
+    with AsyncHFExporter(tmp_path, report=link.send) as ex:
+        path = ex.export(1, model.state_dict(), config=model.config).result(60)
+    assert c.checkpoint_state(1) == "ready"
+    (restart,) = link.send(ev.GroupFailed, group="g1")
+    assert isinstance(restart, RestartFromCheckpoint) and restart.path == str(path)
+    assert load_checkpoint(restart.path).version == 1
