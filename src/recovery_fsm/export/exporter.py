@@ -22,7 +22,7 @@ import torch
 
 from .. import events as ev
 from ..errors import BadExportInput, ExportCancelledError
-from .safetensors_io import DTYPE_NAMES, nbytes, weights_digest, write_file
+from .safetensors_io import DTYPE_NAMES, nbytes, tensor_sha256, weights_digest, write_file
 from .store import FORMAT, MANIFEST, CheckpointStore, file_sha256, fsync_dir
 
 # report(EventClass, **fields): ControllerLink.send has this shape.
@@ -238,6 +238,10 @@ class AsyncHFExporter:
             assert result is not None
             job.handle.future.set_result(result)
 
+    def _hash_tensor(self, job: _Job, t: torch.Tensor) -> str:
+        self._check(job)
+        return tensor_sha256(t)
+
     def _check(self, job: _Job) -> None:
         if job.handle._cancel.is_set() or job.abort.is_set():
             raise ExportCancelledError(f"export of version {job.version} was cancelled")
@@ -261,28 +265,32 @@ class AsyncHFExporter:
             )
             for name, shard in zip(names, shards, strict=True)
         ]
-        _, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        # Per-tensor hashes (for the weights digest) run beside the file writes, which
+        # must hash each file sequentially, so a single-shard export still uses two cores.
+        hashes = {tname: self._writers.submit(self._hash_tensor, job, t) for tname, t in tensors}
+        everything: list[Future[Any]] = [*futures, *hashes.values()]
+        _, pending = wait(everything, return_when=FIRST_EXCEPTION)
         if pending:
-            # One shard failed: stop the others and let them finish before the caller
+            # One task failed: stop the others and let them finish before the caller
             # removes the directory they write into.
             job.abort.set()
             wait(pending)
-        errors = [e for f in futures if (e := f.exception()) is not None]
+        errors = [e for f in everything if (e := f.exception()) is not None]
         if errors:
             # The root cause, not the cancellations it caused in the other writers.
             raise next((e for e in errors if not isinstance(e, ExportCancelledError)), errors[0])
-        results = [f.result() for f in futures]
 
         files: dict[str, dict[str, Any]] = {}
         tensor_meta: dict[str, dict[str, Any]] = {}
-        for name, shard, (size, sha, per_tensor) in zip(names, shards, results, strict=True):
+        for name, shard, future in zip(names, shards, futures, strict=True):
+            size, sha = future.result()
             files[name] = {"size": size, "sha256": sha}
             for tname, t in shard:
                 tensor_meta[tname] = {
                     "dtype": DTYPE_NAMES[t.dtype],
                     "shape": list(t.shape),
                     "file": name,
-                    "sha256": per_tensor[tname],
+                    "sha256": hashes[tname].result(),
                 }
         if len(shards) > 1:
             index = {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -12,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from ..errors import CorruptCheckpoint
-from .safetensors_io import CHUNK, DTYPE_NAMES, raw_bytes, weights_digest
+from .safetensors_io import DTYPE_NAMES, tensor_sha256, weights_digest
 from .store import CheckpointStore
 
 Verify = Literal["none", "sizes", "full"]
@@ -35,11 +34,8 @@ def digest_of(state_dict: dict[str, torch.Tensor], aliases: dict[str, str] | Non
     for name, t in state_dict.items():
         if name in skip:
             continue
-        h = hashlib.sha256()
-        data = raw_bytes(t.detach().contiguous().cpu())
-        for start in range(0, len(data), CHUNK):
-            h.update(data[start : start + CHUNK])
-        entries.append((name, DTYPE_NAMES[t.dtype], list(t.shape), h.hexdigest()))
+        digest = tensor_sha256(t.detach().contiguous().cpu())
+        entries.append((name, DTYPE_NAMES[t.dtype], list(t.shape), digest))
     return weights_digest(entries)
 
 

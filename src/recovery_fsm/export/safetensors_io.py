@@ -76,34 +76,39 @@ def write_file(
     check: Callable[[], None] = lambda: None,
     opener: Callable[[str | os.PathLike[str]], BinaryIO] | None = None,
     fsync: bool = True,
-) -> tuple[int, str, dict[str, str]]:
-    """Write one safetensors file; returns (size, file sha256, sha256 of each tensor's bytes).
+) -> tuple[int, str]:
+    """Write one safetensors file; returns (size, sha256 of the file).
 
     ``check`` runs before each tensor and may raise to stop the write (cancellation).
     """
     file_hash = hashlib.sha256()
-    tensor_hashes: dict[str, str] = {}
     head = header_bytes(tensors, metadata or {"format": "pt"})
     open_ = opener or (lambda p: open(p, "xb"))  # noqa: SIM115 - closed below
     with open_(path) as f:
         f.write(head)
         file_hash.update(head)
         size = len(head)
-        for name, t in tensors:
+        for _name, t in tensors:
             check()
             data = raw_bytes(t)
-            tensor_hash = hashlib.sha256()
             for start in range(0, len(data), CHUNK):
                 chunk = data[start : start + CHUNK]
                 f.write(chunk)
                 file_hash.update(chunk)
-                tensor_hash.update(chunk)
-            tensor_hashes[name] = tensor_hash.hexdigest()
             size += len(data)
         f.flush()
         if fsync:
             os.fsync(f.fileno())
-    return size, file_hash.hexdigest(), tensor_hashes
+    return size, file_hash.hexdigest()
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """sha256 of a CPU tensor's bytes (hashlib releases the GIL on large chunks)."""
+    h = hashlib.sha256()
+    data = raw_bytes(t)
+    for start in range(0, len(data), CHUNK):
+        h.update(data[start : start + CHUNK])
+    return h.hexdigest()
 
 
 def weights_digest(entries: Sequence[tuple[str, str, Sequence[int], str]]) -> str:

@@ -1,0 +1,143 @@
+"""Exporter cost beside its limits, on the same model in one run (read the ratios).
+
+    .venv/bin/python benchmarks/bench_export.py [--sizes small,large] [--dir DIR]
+
+For each model: the trainer's stall per export next to a plain in-memory copy of the state
+dict (``clone`` of every tensor, the stall's limit); the background write next to
+``save_pretrained(safe_serialization=True)`` to the same disk, with and without an fsync of
+its files, and next to a raw sequential write plus fsync of the same bytes (the disk's limit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from recovery_fsm.export import AsyncHFExporter
+from recovery_fsm.export.safetensors_io import raw_bytes
+
+MODELS = {
+    # ~97M parameters, ~390 MB in fp32
+    "small": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, vocab_size=16000),
+    # ~290M parameters, ~1.16 GB in fp32
+    "large": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=20, vocab_size=32000),
+}
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    # Start every measurement with no dirty pages: on ext4 an fsync may also have to write
+    # out data that an earlier measurement left in the page cache.
+    os.sync()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _fsync_tree(path: Path) -> None:
+    for f in path.iterdir():
+        with f.open("rb") as fh:
+            os.fsync(fh.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+
+
+def _raw_write(path: Path, tensors: list[torch.Tensor]) -> None:
+    with path.open("wb") as f:
+        for t in tensors:
+            f.write(raw_bytes(t.contiguous()))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def bench(name: str, work: Path, repeat: int) -> None:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True,
+                      **MODELS[name])  # fmt: skip
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    sd = model.state_dict()
+    unique = {t.data_ptr(): t for t in sd.values()}.values()
+    total = sum(t.numel() * t.element_size() for t in unique)
+    print(f"\n== {name}: {sum(t.numel() for t in unique) / 1e6:.0f}M parameters, "
+          f"{total / 1e6:.0f} MB (fp32), median of {repeat}")  # fmt: skip
+
+    clone_s, stall_cold, stall_warm, ours_s, hf_s, hf_sync_s, raw_s = ([] for _ in range(7))
+    for r in range(repeat):
+        gc.collect()
+        clone_s.append(_timed(lambda: {k: v.clone() for k, v in sd.items()}))
+        gc.collect()
+        root = work / f"ours-{r}"
+        with AsyncHFExporter(root, max_shard_size="2GB", write_threads=2) as ex:
+            os.sync()
+            t0 = time.perf_counter()
+            h = ex.export(1, sd, config=cfg)
+            stall_cold.append(time.perf_counter() - t0)
+            h.result()
+            os.sync()
+            t0 = time.perf_counter()
+            h = ex.export(2, sd, config=cfg)
+            stall_warm.append(time.perf_counter() - t0)
+            h.result()
+            ours_s.append(time.perf_counter() - t0)  # stall plus background write, v2
+        shutil.rmtree(root)
+
+        hf_dir = work / f"hf-{r}"
+        hf_s.append(_timed(lambda: model.save_pretrained(hf_dir, safe_serialization=True)))
+        shutil.rmtree(hf_dir)
+        hf_sync_s.append(_timed(lambda: (model.save_pretrained(hf_dir, safe_serialization=True),
+                                         _fsync_tree(hf_dir))))  # fmt: skip
+        shutil.rmtree(hf_dir)
+
+        raw = work / f"raw-{r}.bin"
+        raw_s.append(_timed(lambda: _raw_write(raw, list(unique))))
+        raw.unlink()
+
+    med = statistics.median
+    clone, cold, warm = med(clone_s), med(stall_cold), med(stall_warm)
+    ours, hf, hf_sync, raw_t = med(ours_s), med(hf_s), med(hf_sync_s), med(raw_s)
+
+    def rate(seconds: float) -> str:
+        return f"{total / seconds / 1e6:7.0f} MB/s"
+
+    print(f"  stall  clone of the state dict (limit)     {clone:7.3f} s   1.00x")
+    print(f"         export(), first (buffers allocated) {cold:7.3f} s   {cold / clone:.2f}x clone")
+    print(f"         export(), reused staging buffers    {warm:7.3f} s   {warm / clone:.2f}x clone")
+    print(f"  write  exporter, staged to committed+fsync {ours:7.3f} s  {rate(ours)}")
+    print(f"         save_pretrained (no fsync)          {hf:7.3f} s  {rate(hf)}"
+          f"   exporter is {hf / ours:.2f}x faster")  # fmt: skip
+    print(f"         save_pretrained + fsync             {hf_sync:7.3f} s  {rate(hf_sync)}"
+          f"   exporter is {hf_sync / ours:.2f}x faster")  # fmt: skip
+    print(f"         raw sequential write + fsync        {raw_t:7.3f} s  {rate(raw_t)}"
+          f"   exporter takes {ours / raw_t:.2f}x raw")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="small,large")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    a = parser.parse_args()
+    work = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="recovery-fsm-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"writing under {work}; torch threads: {torch.get_num_threads()}")
+    try:
+        for name in a.sizes.split(","):
+            bench(name, work, a.repeat)
+    finally:
+        if not a.dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
