@@ -93,14 +93,14 @@ def bench(name: str, work: Path, repeat: int) -> None:
         shutil.rmtree(root)
 
         hf_dir = work / f"hf-{r}"
-        hf_s.append(_timed(lambda: model.save_pretrained(hf_dir, safe_serialization=True)))
+        hf_s.append(_timed(lambda d=hf_dir: model.save_pretrained(d, safe_serialization=True)))
         shutil.rmtree(hf_dir)
-        hf_sync_s.append(_timed(lambda: (model.save_pretrained(hf_dir, safe_serialization=True),
-                                         _fsync_tree(hf_dir))))  # fmt: skip
+        hf_sync_s.append(_timed(lambda d=hf_dir: (model.save_pretrained(d, safe_serialization=True),
+                                                  _fsync_tree(d))))  # fmt: skip
         shutil.rmtree(hf_dir)
 
         raw = work / f"raw-{r}.bin"
-        raw_s.append(_timed(lambda: _raw_write(raw, list(unique))))
+        raw_s.append(_timed(lambda p=raw: _raw_write(p, list(unique))))
         raw.unlink()
 
     med = statistics.median

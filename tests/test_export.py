@@ -214,7 +214,7 @@ class FailingOpener:
         self.calls += 1
         if self.calls == self.fail_on:
             raise self.error
-        return open(path, "xb")  # noqa: SIM115
+        return open(path, "xb")
 
 
 @pytest.mark.parametrize(
