@@ -32,6 +32,8 @@ from .errors import (
     UnknownGroup,
     UnknownVersion,
 )
+from .invariants import violations
+from .journal import encode
 from .machines import (
     CheckpointMachine,
     CheckpointRecord,
@@ -247,8 +249,6 @@ class RecoveryController:
 
     def check_invariants(self) -> list[str]:
         """The safety rules; returns every one that does not hold (empty: all hold)."""
-        from .invariants import violations
-
         with self._lock:
             return violations(self)
 
@@ -272,16 +272,7 @@ class RecoveryController:
         clean, missed = self._classify_sync(old)
         self._fleet.version = e.version
 
-        # Checkpoints of older versions are stale from now on.
-        for ck in list(self._checkpoints.values()):
-            state = ck.record.state
-            if state == "ready":
-                self._fire_ck(ck, "supersede")
-                self._reap(ck)
-            elif state == "exporting":
-                self._fire_ck(ck, "abandon")
-                if not ck.record.pinned:
-                    self._emit(fx.CancelExport(ck.record.version))
+        self._make_checkpoints_stale()
 
         # Immediate-recovery machines count clean syncs, or cool down on a miss.
         if clean or missed:
@@ -384,14 +375,7 @@ class RecoveryController:
                 self._fire_group(g, "stop")
                 g.record.awaiting_since = None
                 self._emit(fx.StopGroup(g.record.name))
-        for ck in list(self._checkpoints.values()):
-            if ck.record.state == "ready":
-                self._fire_ck(ck, "supersede")
-                self._reap(ck)
-            elif ck.record.state == "exporting":
-                self._fire_ck(ck, "abandon")
-                if not ck.record.pinned:
-                    self._emit(fx.CancelExport(ck.record.version))
+        self._make_checkpoints_stale()
 
     def _on_tick(self, e: ev.Tick) -> None:
         deadline = e.at - self.config.await_checkpoint_timeout_s
@@ -510,6 +494,18 @@ class RecoveryController:
             r.awaiting_since = self._current_at
         else:
             self._relaunch(g)
+
+    def _make_checkpoints_stale(self) -> None:
+        """No existing checkpoint may serve recovery any more (a newer sync, or shutdown):
+        a ready one is superseded (and deleted once unleased), a running export abandoned."""
+        for ck in list(self._checkpoints.values()):
+            if ck.record.state == "ready":
+                self._fire_ck(ck, "supersede")
+                self._reap(ck)
+            elif ck.record.state == "exporting":
+                self._fire_ck(ck, "abandon")
+                if not ck.record.pinned:
+                    self._emit(fx.CancelExport(ck.record.version))
 
     def _restart_from(self, g: _Group, ck: _Checkpoint) -> None:
         """Lease the current committed checkpoint and boot the group from it."""
@@ -647,8 +643,6 @@ class RecoveryController:
         effects: tuple[fx.Effect, ...] = (),
         error: RecoveryError | None = None,
     ) -> None:
-        from .journal import encode
-
         record: dict[str, Any] = {"step": self._steps, "event": encode(event)}
         if error is not None:
             record["error"] = {"type": type(error).__name__, "message": str(error)}
