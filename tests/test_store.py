@@ -121,6 +121,7 @@ CHILD = textwrap.dedent(
     root, start = sys.argv[1], int(sys.argv[2])
     g = torch.Generator().manual_seed(start)
     weights = {f"w.{i}": torch.randn(256, 256, generator=g) for i in range(24)}
+    print("ready", flush=True)
     with AsyncHFExporter(root, max_shard_size="600KB", write_threads=2) as ex:
         for v in range(start, start + 1000):
             ex.export(v, weights).result()
@@ -144,7 +145,9 @@ def test_sigkill_mid_export_never_leaves_a_torn_checkpoint(tmp_path: Path) -> No
             stderr=subprocess.DEVNULL,
             text=True,
         )
-        time.sleep(rng.uniform(1.5, 3.0))  # import time plus a random point in the writes
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"  # imports done, exports begin
+        time.sleep(rng.uniform(0.05, 0.8))  # a random point in the stream of exports
         child.send_signal(signal.SIGKILL)
         out, _ = child.communicate()
         reported = [int(v) for v in out.split()]

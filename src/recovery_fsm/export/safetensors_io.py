@@ -85,6 +85,7 @@ def write_file(
     """
     head = header_bytes(tensors, metadata or {"format": "pt"})
     hasher = _SequentialHasher()
+    writeback = _Writeback() if fsync else None
     open_ = opener or (lambda p: open(p, "xb"))  # noqa: SIM115 - closed below
     try:
         with open_(path) as f:
@@ -98,6 +99,8 @@ def write_file(
                     chunk = data[start : start + CHUNK]
                     hasher.feed(chunk)
                     f.write(chunk)
+                    if writeback is not None:
+                        writeback.start(f, size + start, len(chunk))
                 size += len(data)
             f.flush()
             if fsync:
@@ -105,6 +108,30 @@ def write_file(
     finally:
         digest = hasher.finish()
     return size, digest
+
+
+class _Writeback:
+    """Start the disk write of each chunk as soon as it is in the page cache.
+
+    Left alone, the kernel holds the dirty pages until the final fsync (a file smaller than
+    the dirty threshold is not written back earlier), so the whole disk write would wait
+    for hashing and copying to finish. On Linux, POSIX_FADV_DONTNEED starts writeback of a
+    range without waiting for it (PostgreSQL flushes data the same way); the fsync at the
+    end still decides durability and reports any write error.
+    """
+
+    def __init__(self) -> None:
+        self._advise = getattr(os, "posix_fadvise", None)
+
+    def start(self, f: BinaryIO, offset: int, length: int) -> None:
+        if self._advise is None:
+            return
+        try:
+            f.flush()
+            self._advise(f.fileno(), offset, length, os.POSIX_FADV_DONTNEED)
+        except (OSError, ValueError, AttributeError):
+            # Not a real file (a test double) or a filesystem without the hint: fsync alone.
+            self._advise = None
 
 
 class _SequentialHasher:
