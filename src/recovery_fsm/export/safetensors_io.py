@@ -100,7 +100,7 @@ def write_file(
                     hasher.feed(chunk)
                     f.write(chunk)
                     if writeback is not None:
-                        writeback.start(f, size + start, len(chunk))
+                        writeback.advance(f, size + start + len(chunk))
                 size += len(data)
             f.flush()
             if fsync:
@@ -111,27 +111,35 @@ def write_file(
 
 
 class _Writeback:
-    """Start the disk write of each chunk as soon as it is in the page cache.
+    """Start the disk write of what has been written so far, in large page-aligned windows.
 
     Left alone, the kernel holds the dirty pages until the final fsync (a file smaller than
     the dirty threshold is not written back earlier), so the whole disk write would wait
     for hashing and copying to finish. On Linux, POSIX_FADV_DONTNEED starts writeback of a
-    range without waiting for it (PostgreSQL flushes data the same way); the fsync at the
-    end still decides durability and reports any write error.
+    range without waiting for it (PostgreSQL flushes data the same way). Windows are large
+    and end on a page boundary so that no page still being filled is sent to the disk and
+    the next write never waits for it. The fsync at the end still decides durability and
+    reports any write error.
     """
+
+    WINDOW = 32 << 20
+    PAGE = 4096
 
     def __init__(self) -> None:
         self._advise = getattr(os, "posix_fadvise", None)
+        self._done = 0
 
-    def start(self, f: BinaryIO, offset: int, length: int) -> None:
-        if self._advise is None:
+    def advance(self, f: BinaryIO, written: int) -> None:
+        if self._advise is None or written - self._done < self.WINDOW:
             return
+        end = written - written % self.PAGE
         try:
             f.flush()
-            self._advise(f.fileno(), offset, length, os.POSIX_FADV_DONTNEED)
+            self._advise(f.fileno(), self._done, end - self._done, os.POSIX_FADV_DONTNEED)
         except (OSError, ValueError, AttributeError):
             # Not a real file (a test double) or a filesystem without the hint: fsync alone.
             self._advise = None
+        self._done = end
 
 
 class _SequentialHasher:
