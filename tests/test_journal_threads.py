@@ -25,7 +25,10 @@ def test_journal_lines_replay_to_the_same_state(tmp_path: Path) -> None:
         c.handle(ev.GroupFailed("g1", 5.0, reason="oom"))
         with pytest.raises(EventNotAllowed):
             c.handle(ev.Relaunched("g1", 6.0))  # g1 is loading, not relaunching
-    records = list(read_journal(path))
+    header, *records = list(read_journal(path))
+    assert header["step"] == 0
+    assert header["header"]["controller"] == "recovery_fsm.controller:RecoveryController"
+    assert header["header"]["config"]["restart_budget"] == 5
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert records[4]["transitions"] == [
         ["group:g1", "fail", "active", "failed"],

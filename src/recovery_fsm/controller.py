@@ -14,6 +14,7 @@ first checks (``_require_*`` helpers, no mutation), then applies (``_fire`` and 
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -132,7 +133,12 @@ class RecoveryController:
         self._effects: list[fx.Effect] = []
         self._current_at = 0.0
         self._transitions: list[tuple[str, str, str, str]] = []
-        self._handlers: dict[type[ev.Event], Callable[[Any], None]] = {
+        self._handlers = self._handler_table()
+        if journal is not None:
+            journal(self._journal_header())
+
+    def _handler_table(self) -> dict[type[ev.Event], Callable[[Any], None]]:
+        return {
             ev.WeightsSynced: self._on_weights_synced,
             ev.ExportStarted: self._on_export_started,
             ev.ExportCommitted: self._on_export_committed,
@@ -183,6 +189,25 @@ class RecoveryController:
             if self._journal is not None:
                 self._write_journal(event, effects=effects)
             return effects
+
+    def fork(self, *, journal: JournalSink | None = None) -> RecoveryController:
+        """An independent copy of the whole state, writing to ``journal`` (not to this
+        controller's): explorers branch on it to try every next event from one state."""
+        with self._lock:
+            twin = copy.deepcopy(self)
+        twin._journal = journal
+        return twin
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"], state["_handlers"]
+        state["_journal"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._handlers = self._handler_table()
 
     @property
     def version(self) -> int:
@@ -274,19 +299,9 @@ class RecoveryController:
 
         self._make_checkpoints_stale()
 
-        # Immediate-recovery machines count clean syncs, or cool down on a miss.
         if clean or missed:
             for g in self._groups.values():
-                rec = g.recovery
-                if missed:
-                    rec.clean_streak = 0
-                    if rec.state == "enabled":
-                        self._fire(g.recovery_machine, f"recovery:{rec.group}", "cool")
-                elif rec.state == "cooldown":
-                    rec.clean_streak += 1
-                    if rec.cooled_down:
-                        self._fire(g.recovery_machine, f"recovery:{rec.group}", "reenable")
-                        rec.clean_streak = 0
+                self._count_sync(g, missed)
 
         for g in self._groups.values():
             r = g.record
@@ -301,6 +316,17 @@ class RecoveryController:
             elif r.state == "awaiting_checkpoint":
                 # It waited for the old version's export; that checkpoint is stale now.
                 self._relaunch(g)
+
+    def _count_sync(self, g: _Group, missed: bool) -> None:
+        """A missed export cools immediate recovery down; N clean syncs in a row end it."""
+        rec = g.recovery
+        if missed:
+            self._cool(g)
+        elif rec.state == "cooldown":
+            rec.clean_streak += 1
+            if rec.cooled_down:
+                self._fire(g.recovery_machine, f"recovery:{rec.group}", "reenable")
+                rec.clean_streak = 0
 
     def _classify_sync(self, old: int) -> tuple[bool, bool]:
         """(clean, missed) for the sync that leaves version ``old``."""
@@ -635,6 +661,19 @@ class RecoveryController:
 
     def _emit(self, effect: fx.Effect) -> None:
         self._effects.append(effect)
+
+    def _journal_header(self) -> dict[str, Any]:
+        """Step 0 of a journal: what a replay needs to rebuild this controller."""
+        cls = type(self)
+        return {
+            "step": 0,
+            "header": {
+                "format": 1,
+                "controller": f"{cls.__module__}:{cls.__qualname__}",
+                "config": attrs.asdict(self.config),
+                "initial_version": self._fleet.version,
+            },
+        }
 
     def _write_journal(
         self,

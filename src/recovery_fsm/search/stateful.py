@@ -1,0 +1,142 @@
+"""Hypothesis rules over the real controller: the trainer, the health manager and the
+scheduler that completes pending effects are each a rule, so Hypothesis chooses the
+interleaving. Needs ``hypothesis`` (the ``dev`` extra).
+
+    RaceSearch = race_search()                      # the real controller
+    TestRaces = RaceSearch.TestCase                 # for pytest / unittest
+    run_state_machine_as_test(race_search(MyController))
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+
+from ..controller import RecoveryController
+from .sim import TRAINER, Action, Scope, Sim
+
+# Hypothesis searches a wider world than the explorer: three groups, probes, pins,
+# syncs that leave a group out, more versions and failures.
+WIDE = Scope(
+    groups=("g0", "g1", "g2"),
+    max_version=12,
+    max_failures=8,
+    probes=True,
+    pins=True,
+    partial_syncs=True,
+)
+
+
+# Rules group the actions so the common moves of a race are drawn often and the rest
+# still happen: Hypothesis picks among enabled rules evenly.
+TRAINER_STEPS = frozenset({"sync", "export", "tick"})
+EXPORT = frozenset({"export"})
+FAILURES = frozenset({"fail"})
+COMPLETIONS = frozenset({"commit", "loaded", "relaunched", "deleted"})
+MISHAPS = frozenset({"export_fails", "export_cancelled", "load_fails", "relaunch_fails"})
+# "sync" here is a sync before the current version was exported at all.
+RARE = frozenset(
+    {"sync", "sync_without", "export_pinned", "pin", "shutdown", "probe_failed", "probe_ok"}
+)
+
+
+def _enabled(sim: Sim, kinds: frozenset[str]) -> list[Action]:
+    return [a for a in sim.actions() if a.kind in kinds]
+
+
+class RaceFound(AssertionError):
+    """A violation, with the trace that led to it and the journal that replays it."""
+
+    def __init__(self, violations: Sequence[str], trace: Sequence[str], journal: Path | None):
+        self.violations = list(violations)
+        self.trace = list(trace)
+        self.journal = journal
+        lines = ["race found:", *(f"  {v}" for v in violations), "after: " + " -> ".join(trace)]
+        if journal is not None:
+            lines.append(f"journal: {journal}   (recovery-fsm replay {journal})")
+        super().__init__("\n".join(lines))
+
+
+def race_search(
+    controller: type[RecoveryController] = RecoveryController,
+    scope: Scope = WIDE,
+    journal_dir: str | os.PathLike[str] | None = None,
+) -> type[RuleBasedStateMachine]:
+    """A RuleBasedStateMachine class searching races in ``controller``. A failing example
+    is written to ``journal_dir`` as a journal (the shrunk one is written last)."""
+
+    class RaceSearch(RuleBasedStateMachine):
+        examples = 0  # how many examples ran: the search benchmark reads it
+
+        def __init__(self) -> None:
+            super().__init__()
+            type(self).examples += 1
+            self.sim = Sim(scope, controller)
+
+        def _check(self, problems: list[str]) -> None:
+            if not problems:
+                return
+            journal = None
+            if journal_dir is not None:
+                name = f"race-{controller.__name__}.jsonl"
+                journal = self.sim.write_journal(Path(journal_dir) / name)
+            raise RaceFound(problems, self.sim.trace, journal)
+
+        def _take(self, data: st.DataObject, kinds: frozenset[str]) -> None:
+            choice: Action = data.draw(st.sampled_from(_enabled(self.sim, kinds)))
+            self._check(self.sim.step(choice))
+
+        @precondition(lambda self: bool(_enabled(self.sim, TRAINER_STEPS)))
+        @rule(data=st.data())
+        def trainer(self, data: st.DataObject) -> None:
+            """Export the version just synced, else sync the next one or let time pass."""
+            exports = _enabled(self.sim, frozenset({"export"}))
+            self._take(data, EXPORT if exports else TRAINER_STEPS)
+
+        @precondition(lambda self: bool(_enabled(self.sim, FAILURES)))
+        @rule(data=st.data())
+        def group_dies(self, data: st.DataObject) -> None:
+            """The health manager reports a group dead (also while it restarts)."""
+            self._take(data, FAILURES)
+
+        @precondition(lambda self: bool(_enabled(self.sim, COMPLETIONS)))
+        @rule(data=st.data())
+        def effect_completes(self, data: st.DataObject) -> None:
+            """One pending effect finishes well; the others keep hanging."""
+            self._take(data, COMPLETIONS)
+
+        @precondition(lambda self: bool(_enabled(self.sim, MISHAPS)))
+        @rule(data=st.data())
+        def effect_fails(self, data: st.DataObject) -> None:
+            """One pending effect fails or is cancelled."""
+            self._take(data, MISHAPS)
+
+        @precondition(lambda self: bool(_enabled(self.sim, RARE)))
+        @rule(data=st.data())
+        def rarely(self, data: st.DataObject) -> None:
+            """Pins, probes, a sync that leaves a group out, shutdown."""
+            self._take(data, RARE)
+
+        @precondition(lambda self: bool(self.sim.delivered))
+        @rule(index=st.integers(0, 63))
+        def duplicate(self, index: int) -> None:
+            """A completion is delivered again, late."""
+            self._check(self.sim.duplicate(index))
+
+        @precondition(lambda self: not self.sim.actions())
+        @rule()
+        def time_passes(self) -> None:
+            """Nothing else can happen (say, after shutdown): time goes by."""
+            self._check(self.sim.step(Action(TRAINER, "tick")))
+
+        def teardown(self) -> None:
+            """Liveness from wherever the example ended: failures stop, effects complete
+            fairly, and every group must end active, retired or stopped."""
+            self._check(self.sim.settle())
+
+    RaceSearch.__name__ = RaceSearch.__qualname__ = f"RaceSearch[{controller.__name__}]"
+    return RaceSearch
