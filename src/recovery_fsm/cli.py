@@ -35,6 +35,29 @@ def _demo(_args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from .replay import controller_class, replay
+
+    cls = controller_class(args.controller) if args.controller else None
+    report = replay(args.journal, cls)
+    print(report.render())
+    return 0 if report.ok else 1
+
+
+def _explore(args: argparse.Namespace) -> int:
+    from .replay import controller_class
+    from .search import explore
+
+    result = explore(
+        args.depth,
+        controller=controller_class(args.controller),
+        liveness=args.liveness,
+        journal_dir=args.journal_dir,
+    )
+    print(result.report())
+    return 1 if result.found else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="recovery-fsm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -44,6 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     d.set_defaults(func=_diagrams)
     s = sub.add_parser("demo", help="run the scripted recovery scenario and print transitions")
     s.set_defaults(func=_demo)
+    r = sub.add_parser("replay", help="re-run a journal through a fresh controller, checking")
+    r.add_argument("journal", help="a JSON-lines journal (JsonlJournal, or a search's trace)")
+    r.add_argument(
+        "--controller",
+        default=None,
+        help="'real' or a broken variant's name (default: the one the journal names)",
+    )
+    r.set_defaults(func=_replay)
+    x = sub.add_parser("explore", help="search every event ordering up to a depth")
+    x.add_argument("--depth", type=int, default=6)
+    x.add_argument("--controller", default="real", help="'real' or a broken variant's name")
+    x.add_argument("--liveness", action="store_true", help="also settle every state fairly")
+    x.add_argument("--journal-dir", default=None, help="write a counterexample journal here")
+    x.set_defaults(func=_explore)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

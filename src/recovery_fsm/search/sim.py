@@ -205,12 +205,21 @@ class Sim:
             self.failures += 1
         return self._send(event)
 
+    def _found(self, problems: list[str]) -> list[str]:
+        """Note in the journal a finding a replay cannot re-check by itself, because it is
+        about what the events meant: a real completion refused, a duplicate accepted, no
+        progress under fairness."""
+        if problems:
+            last = self.records[-1]["step"] if self.records else 0
+            self.records.append({"step": last, "finding": list(problems)})
+        return problems
+
     def _send(self, event: ev.Event) -> list[str]:
         self.now = event.at
         try:
             effects = self.controller.handle(event)
         except RecoveryError as err:
-            return [f"the controller refused {event!r}, which really happened: {err}"]
+            return self._found([f"the controller refused {event!r}, which really happened: {err}"])
         except Exception as err:  # a crash is a finding, not a test error
             return [f"the controller crashed on {event!r}: {type(err).__name__}: {err}"]
         if isinstance(event, _DUPLICABLE):
@@ -230,11 +239,13 @@ class Sim:
             self.controller.handle(event)
         except RecoveryError:
             if self.controller.snapshot() != before:
-                return [f"refusing the duplicate {event!r} changed the controller"]
+                return self._found([f"refusing the duplicate {event!r} changed the controller"])
             return []
         except Exception as err:
-            return [f"the controller crashed on {event!r}: {type(err).__name__}: {err}"]
-        return [f"the controller accepted the duplicate {event!r}"]
+            return self._found(
+                [f"the controller crashed on {event!r}: {type(err).__name__}: {err}"]
+            )
+        return self._found([f"the controller accepted the duplicate {event!r}"])
 
     # -- liveness ------------------------------------------------------------------------
 
@@ -248,13 +259,15 @@ class Sim:
                 return []
             action = self._fair_next()
             if action is None:
-                return [f"stuck with nothing to do: {'; '.join(problems)}"]
+                return self._found([f"stuck with nothing to do: {'; '.join(problems)}"])
             self.trace.append(f"{action}*")
             found = self._send(self.event_for(action))
             if found:
                 return found
         leftover = self._unsettled()
-        return [f"not settled after {bound} fair steps: {'; '.join(leftover)}"] if leftover else []
+        if leftover:
+            return self._found([f"not settled after {bound} fair steps: {'; '.join(leftover)}"])
+        return []
 
     def _unsettled(self) -> list[str]:
         out = []

@@ -1,0 +1,118 @@
+"""Replay a journal through a fresh controller, checking every step.
+
+After each replayed event: the controller's invariants and the world model's checks (what
+the real system would hold). The first violation is reported with its step. Where the
+fresh controller answers differently from the recording (refuses what was accepted, or
+asks for other effects), that is reported as a divergence: the journal came from another
+controller, or the code changed since.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import attrs
+
+from .controller import RecoveryConfig, RecoveryController
+from .errors import MalformedEvent, RecoveryError
+from .journal import decode_event, encode, read_journal
+from .search.mutants import MUTANTS
+from .search.world import World
+
+REAL = "recovery_fsm.controller:RecoveryController"
+
+
+@attrs.frozen
+class ReplayReport:
+    controller: str
+    steps: int  # events replayed
+    violation_step: int | None = None
+    violations: tuple[str, ...] = ()
+    divergences: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.violation_step is None and not self.divergences
+
+    def render(self) -> str:
+        lines = [f"replayed {self.steps} events through {self.controller}"]
+        lines += [f"divergence: {d}" for d in self.divergences]
+        if self.violation_step is None:
+            lines.append("no violation")
+        else:
+            lines.append(f"step {self.violation_step}: violation")
+            lines += [f"  {v}" for v in self.violations]
+        return "\n".join(lines)
+
+
+def controller_class(name: str) -> type[RecoveryController]:
+    """``real``, a broken variant's name, or a journal header's ``module:Class``."""
+    if name in {"real", REAL}:
+        return RecoveryController
+    if name in MUTANTS:
+        return MUTANTS[name]
+    for cls in MUTANTS.values():
+        if name == f"{cls.__module__}:{cls.__qualname__}":
+            return cls
+    raise MalformedEvent(
+        f"unknown controller {name!r}; expected 'real' or one of {sorted(MUTANTS)}"
+    )
+
+
+def replay(
+    path: str | os.PathLike[str], controller: type[RecoveryController] | None = None
+) -> ReplayReport:
+    records = list(read_journal(path))
+    header: dict[str, Any] = {}
+    if records and "header" in records[0]:
+        header = records.pop(0)["header"]
+    try:
+        config = RecoveryConfig(**header.get("config", {}))
+    except TypeError as err:
+        raise MalformedEvent(f"{path}: the header's config is not a RecoveryConfig: {err}") from err
+    cls = controller or controller_class(header.get("controller", REAL))
+    c = cls(config, initial_version=header.get("initial_version", 0))
+    world = World(config, fleet=c.version)
+    divergences: list[str] = []
+    steps = 0
+    for record in records:
+        if "finding" in record:
+            # The search's own finding (see Sim._found): it holds if the replay answered
+            # the same way as the recording up to here.
+            if not divergences:
+                found = [f"(recorded by the search) {f}" for f in record["finding"]]
+                return _report(cls, steps, record.get("step", steps), found, divergences)
+            continue
+        if "event" not in record:
+            raise MalformedEvent(f"{path}: a record without an event: {record!r:.120}")
+        event = decode_event(record["event"])
+        step = record.get("step", steps + 1)
+        steps += 1
+        try:
+            effects = c.handle(event)
+        except RecoveryError as err:
+            if "error" not in record:
+                divergences.append(f"step {step}: {event.kind} was accepted, now refused: {err}")
+            continue
+        except Exception as err:
+            crash = f"the controller crashed on {event!r}: {type(err).__name__}: {err}"
+            return _report(cls, steps, step, [crash], divergences)
+        if "error" in record:
+            divergences.append(f"step {step}: {event.kind} was refused, now accepted")
+        elif record.get("effects") != [encode(f) for f in effects]:
+            divergences.append(f"step {step}: {event.kind} now asks for {list(effects)}")
+        problems = world.observe(event, effects) + world.check(c) + c.check_invariants()
+        if problems:
+            return _report(cls, steps, step, problems, divergences)
+    return _report(cls, steps, None, [], divergences)
+
+
+def _report(
+    cls: type[RecoveryController],
+    steps: int,
+    step: int | None,
+    problems: list[str],
+    divergences: list[str],
+) -> ReplayReport:
+    return ReplayReport(cls.__name__, steps, step, tuple(problems), tuple(divergences))
