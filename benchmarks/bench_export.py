@@ -1,6 +1,7 @@
 """Exporter cost beside its limits, on the same model in one run (read the ratios).
 
     .venv/bin/python benchmarks/bench_export.py [--sizes small,large] [--dir DIR]
+    .venv/bin/python benchmarks/bench_export.py --sizes large --pairs 8
 
 For each model: the trainer's stall per export next to a plain in-memory copy of the state
 dict (``clone`` of every tensor, the stall's limit); the background write next to
@@ -143,18 +144,44 @@ def bench(name: str, work: Path, repeat: int) -> None:
     print("  (ratios: median over repeats of the ratio within one repeat)")
 
 
+def pairs(name: str, work: Path, n: int) -> None:
+    """One exporter kept open, its write and the raw write alternating: the disk's drift
+    hits both sides of each pair alike."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True,
+                      **MODELS[name])  # fmt: skip
+    sd = AutoModelForCausalLM.from_config(cfg).eval().state_dict()
+    unique = list({t.data_ptr(): t for t in sd.values()}.values())
+    print(f"\n== {name}: exporter write vs raw write + fsync, alternating, {n} pairs")
+    ratios = []
+    with AsyncHFExporter(work / "pairs", max_shard_size="2GB") as ex:
+        for v in range(n):
+            ours = _timed(lambda v=v: ex.export(v, sd, config=cfg).result())
+            shutil.rmtree(work / "pairs" / f"step-{v}")
+            raw = _timed(lambda: _raw_write(work / "raw.bin", unique))
+            (work / "raw.bin").unlink()
+            ratios.append(ours / raw)
+            print(f"  pair {v + 1}: exporter {ours:6.3f} s   raw {raw:6.3f} s   {ours / raw:.2f}x")
+    print(f"  median {statistics.median(ratios):.2f}x, "
+          f"after the first {statistics.median(ratios[1:] or ratios):.2f}x")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="small,large")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    parser.add_argument("--pairs", type=int, default=0, help="only the alternating comparison")
     a = parser.parse_args()
     work = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="recovery-fsm-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"writing under {work}; torch threads: {torch.get_num_threads()}")
     try:
         for name in a.sizes.split(","):
-            bench(name, work, a.repeat)
+            if a.pairs:
+                pairs(name, work, a.pairs)
+            else:
+                bench(name, work, a.repeat)
     finally:
         if not a.dir:
             shutil.rmtree(work, ignore_errors=True)

@@ -36,10 +36,15 @@ def _demo(_args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from .errors import RecoveryError
     from .replay import controller_class, replay
 
-    cls = controller_class(args.controller) if args.controller else None
-    report = replay(args.journal, cls)
+    try:
+        cls = controller_class(args.controller) if args.controller else None
+        report = replay(args.journal, cls)
+    except (RecoveryError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(report.render())
     return 0 if report.ok else 1
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import BUDGET, search_settings
+from budget import BUDGET, search_settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from recovery_fsm import RecoveryController
@@ -16,7 +16,8 @@ from recovery_fsm.search.stateful import RaceFound, race_search
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
-def test_hypothesis_finds_the_broken_controller(name: str, trace_dir: Path) -> None:
+def test_hypothesis_finds_the_broken_controller(name: str, tmp_path: Path) -> None:
+    trace_dir = tmp_path / "traces"
     machine = race_search(MUTANTS[name], journal_dir=trace_dir)
     # Derandomized, so CI either always or never finds it; no shrinking, to stay fast.
     budget = search_settings(BUDGET.mutant_examples, shrink=False, derandomize=True)
@@ -30,7 +31,8 @@ def test_hypothesis_finds_the_broken_controller(name: str, trace_dir: Path) -> N
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
-def test_explorer_finds_the_broken_controller_by_depth_8(name: str, trace_dir: Path) -> None:
+def test_explorer_finds_the_broken_controller_by_depth_8(name: str, tmp_path: Path) -> None:
+    trace_dir = tmp_path / "traces"
     result = explore(8, controller=MUTANTS[name], journal_dir=trace_dir)
     assert result.found, f"{name} survived the explorer:\n{result.report()}"
     assert result.trace is not None and len(result.trace) == result.depth

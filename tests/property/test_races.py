@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from conftest import BUDGET, search_settings
+from budget import BUDGET, search_settings
 
 from recovery_fsm.search import Scope, Sim, explore
 from recovery_fsm.search.stateful import race_search

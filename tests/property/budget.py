@@ -1,10 +1,10 @@
 """Search budgets. CI runs the fast profile; ``RECOVERY_FSM_PROFILE=deep`` runs more
-examples, longer examples and a deeper exhaustive search (see the README)."""
+examples, longer examples and a deeper exhaustive search (see the README). A plain module,
+not a conftest: ``tests/conftest.py`` already owns that module name."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import attrs
 import pytest
@@ -41,8 +41,3 @@ def search_settings(examples: int, *, shrink: bool = True, derandomize: bool = F
         phases=phases,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
-
-
-@pytest.fixture
-def trace_dir(tmp_path: Path) -> Path:
-    return tmp_path / "traces"

@@ -1,0 +1,93 @@
+"""``recovery-fsm replay``: re-run a journal through a fresh controller, checking each step."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recovery_fsm import MalformedEvent, RecoveryConfig, RecoveryController
+from recovery_fsm import events as ev
+from recovery_fsm.journal import JsonlJournal
+from recovery_fsm.replay import replay
+from recovery_fsm.search import MUTANTS, Sim
+
+
+def _record(path: Path) -> None:
+    config = RecoveryConfig(clean_syncs_to_reenable=2, restart_budget=3)
+    with JsonlJournal(path) as journal:
+        c = RecoveryController(config, journal=journal)
+        c.handle(ev.GroupRegistered("g1", 0, 1.0))
+        c.handle(ev.GroupRegistered("g2", 0, 1.0))
+        c.handle(ev.ExportStarted(0, 2.0))
+        c.handle(ev.ExportCommitted(0, "/ckpt/step-0", 3.0))
+        (effect,) = c.handle(ev.GroupFailed("g1", 4.0))
+        with pytest.raises(MalformedEvent):
+            c.handle(ev.Tick(0.5))  # time went backwards: refused, and journaled
+        c.handle(ev.WeightsSynced(1, {"g2"}, 5.0))
+        c.handle(ev.RestartLoaded("g1", effect.lease, 6.0))  # type: ignore[attr-defined]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "recovery_fsm.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
+
+def test_a_recorded_run_replays_clean(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    _record(path)
+    report = replay(path)
+    assert report.ok and report.steps == 8 and report.controller == "RecoveryController"
+    done = _cli("replay", str(path))
+    assert done.returncode == 0 and "no violation" in done.stdout
+
+
+def test_a_tampered_journal_shows_where_it_diverges(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    _record(path)
+    lines = path.read_text().splitlines()
+    step5 = json.loads(lines[5])
+    assert step5["event"]["kind"] == "GroupFailed"
+    step5["effects"] = []  # pretend the controller had asked for nothing
+    lines[5] = json.dumps(step5)
+    path.write_text("\n".join(lines) + "\n")
+    report = replay(path)
+    assert not report.ok and report.violation_step is None
+    assert report.divergences and report.divergences[0].startswith("step 5: GroupFailed")
+    assert _cli("replay", str(path)).returncode == 1
+
+
+def test_a_broken_controller_trace_replays_to_its_violation(tmp_path: Path) -> None:
+    sim = Sim(controller=MUTANTS["delete-ignoring-leases"])
+    for name in ["export", "commit(0)", "fail(g0)"]:
+        assert sim.step(next(a for a in sim.actions() if str(a) == name)) == []
+    problems = sim.step(next(a for a in sim.actions() if str(a) == "sync"))
+    assert any("while group g0 is loading it" in p for p in problems)
+    path = sim.write_journal(tmp_path / "trace.jsonl")
+
+    report = replay(path)  # the header names the broken controller
+    assert report.controller == "DeleteIgnoringLeases" and report.violation_step == 6
+    assert set(problems) <= set(report.violations)
+    done = _cli("replay", str(path))
+    assert done.returncode == 1 and "step 6: violation" in done.stdout
+    assert replay(path, RecoveryController).violation_step is None
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("not json\n", "not a JSON line"),
+        ('{"step": 1, "nothing": 2}\n', "without an event"),
+        ('{"step": 1, "event": {"kind": "Nope", "at": 1.0}}\n', "unknown event kind"),
+        ('{"step": 0, "header": {"config": {"bogus": 1}}}\n', "not a RecoveryConfig"),
+        ('{"step": 0, "header": {"controller": "os:system"}}\n', "unknown controller"),
+    ],
+)
+def test_a_bad_journal_is_a_typed_error(tmp_path: Path, content: str, words: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(MalformedEvent, match=words):
+        replay(path)
