@@ -91,3 +91,22 @@ def test_a_bad_journal_is_a_typed_error(tmp_path: Path, content: str, words: str
     path.write_text(content)
     with pytest.raises(MalformedEvent, match=words):
         replay(path)
+
+
+class CrashesOnProbeOk(RecoveryController):
+    def _on_probe_ok(self, e: ev.ProbeOk) -> None:
+        raise KeyError(e.group)
+
+
+def test_a_crash_is_journaled_and_replays_as_a_violation(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    with JsonlJournal(path) as journal:
+        c = CrashesOnProbeOk(journal=journal)
+        c.handle(ev.GroupRegistered("g1", 0, 1.0))
+        with pytest.raises(KeyError):
+            c.handle(ev.ProbeOk("g1", 2.0))
+    last = json.loads(path.read_text().splitlines()[-1])
+    assert last["step"] == 2 and last["error"]["type"] == "KeyError"
+    report = replay(path, CrashesOnProbeOk)
+    assert report.violation_step == 2 and "crashed" in report.violations[0]
+    assert replay(path).divergences  # the real controller accepts that ProbeOk

@@ -50,12 +50,18 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _explore(args: argparse.Namespace) -> int:
+    from .errors import RecoveryError
     from .replay import controller_class
     from .search import explore
 
+    try:
+        cls = controller_class(args.controller)
+    except RecoveryError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     result = explore(
         args.depth,
-        controller=controller_class(args.controller),
+        controller=cls,
         liveness=args.liveness,
         journal_dir=args.journal_dir,
     )

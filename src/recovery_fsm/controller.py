@@ -29,7 +29,6 @@ from .errors import (
     InvariantViolation,
     LeaseError,
     MalformedEvent,
-    RecoveryError,
     UnknownGroup,
     UnknownVersion,
 )
@@ -178,7 +177,9 @@ class RecoveryController:
                 self._transitions = []
                 self._current_at = at
                 handler(event)
-            except RecoveryError as err:
+            except Exception as err:
+                # Refusals, and internal bugs too: the journal must show the event that
+                # broke the controller, or a replay would stop short of it.
                 self._steps += 1
                 if self._journal is not None:
                     self._write_journal(event, error=err)
@@ -680,7 +681,7 @@ class RecoveryController:
         event: Any,
         *,
         effects: tuple[fx.Effect, ...] = (),
-        error: RecoveryError | None = None,
+        error: Exception | None = None,
     ) -> None:
         record: dict[str, Any] = {"step": self._steps, "event": encode(event)}
         if error is not None:

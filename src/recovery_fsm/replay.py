@@ -84,6 +84,11 @@ def replay(
                 found = [f"(recorded by the search) {f}" for f in record["finding"]]
                 return _report(cls, steps, record.get("step", steps), found, divergences)
             continue
+        if "header" in record:
+            raise MalformedEvent(
+                f"{path}: a second header at step {record.get('step')}: two runs appended "
+                "to one file? Replay each run from its own file"
+            )
         if "event" not in record:
             raise MalformedEvent(f"{path}: a record without an event: {record!r:.120}")
         event = decode_event(record["event"])
@@ -94,6 +99,11 @@ def replay(
         except RecoveryError as err:
             if "error" not in record:
                 divergences.append(f"step {step}: {event.kind} was accepted, now refused: {err}")
+            elif record["error"].get("type") != type(err).__name__:
+                divergences.append(
+                    f"step {step}: {event.kind} was refused with {record['error'].get('type')}, "
+                    f"now with {type(err).__name__}: {err}"
+                )
             continue
         except Exception as err:
             crash = f"the controller crashed on {event!r}: {type(err).__name__}: {err}"

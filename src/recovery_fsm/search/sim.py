@@ -11,6 +11,7 @@ Hypothesis and the explorer both drive this one class, so they search the same s
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -95,7 +96,7 @@ class Sim:
         child.scope = self.scope
         child.records = list(self.records)
         child.controller = self.controller.fork(journal=child.records.append)
-        child.world = _copy_world(self.world)
+        child.world = copy.deepcopy(self.world)
         child.now = self.now
         child.failures = self.failures
         child.trace = list(self.trace)
@@ -289,7 +290,8 @@ class Sim:
                 return Action(SCHEDULER, "loaded", g)
             if w.procs[g].status == "relaunching":
                 return Action(SCHEDULER, "relaunched", g)
-        for v, x in sorted(w.exports.items()):
+        if w.exports:
+            v, x = min(w.exports.items())
             return Action(SCHEDULER, "export_cancelled" if x.cancel_requested else "commit", v)
         if w.closed:
             return None
@@ -309,7 +311,8 @@ class Sim:
         normalised), so the explorer visits each once."""
         snap = self.controller.snapshot()
         timeout = self.scope.config.await_checkpoint_timeout_s
-        rename = {lid: f"l{i}" for i, lid in enumerate(sorted(snap["leases"], key=_lease_no))}
+        # A group holds at most one lease: name each by its holder, not by grant order.
+        rename = {lid: f"lease-of-{lease['group']}" for lid, lease in snap["leases"].items()}
         for g in snap["groups"].values():
             if g["lease"] is not None:
                 g["lease"] = rename.get(g["lease"], g["lease"])
@@ -351,24 +354,3 @@ class Sim:
 
 def checkpoint_path(version: int) -> str:
     return f"/ckpt/step-{version}"
-
-
-def _lease_no(lease_id: str) -> int:
-    return int(lease_id.lstrip("L") or 0)
-
-
-def _copy_world(w: World) -> World:
-    return World(
-        w.config,
-        w.fleet,
-        w.closed,
-        {n: attrs.evolve(p, load=p.load and attrs.evolve(p.load)) for n, p in w.procs.items()},
-        {n: attrs.evolve(r) for n, r in w.recovery.items()},
-        {v: attrs.evolve(x) for v, x in w.exports.items()},
-        set(w.started),
-        set(w.committed),
-        set(w.pinned),
-        dict(w.disk),
-        dict(w.deleting),
-        set(w.leases_seen),
-    )

@@ -76,10 +76,12 @@ def race_search(
             super().__init__()
             type(self).examples += 1
             self.sim = Sim(scope, controller)
+            self.failed = False
 
         def _check(self, problems: list[str]) -> None:
             if not problems:
                 return
+            self.failed = True  # teardown must not bury this finding under another
             journal = None
             if journal_dir is not None:
                 name = f"race-{controller.__name__}.jsonl"
@@ -94,8 +96,7 @@ def race_search(
         @rule(data=st.data())
         def trainer(self, data: st.DataObject) -> None:
             """Export the version just synced, else sync the next one or let time pass."""
-            exports = _enabled(self.sim, frozenset({"export"}))
-            self._take(data, EXPORT if exports else TRAINER_STEPS)
+            self._take(data, EXPORT if _enabled(self.sim, EXPORT) else TRAINER_STEPS)
 
         @precondition(lambda self: bool(_enabled(self.sim, FAILURES)))
         @rule(data=st.data())
@@ -136,7 +137,8 @@ def race_search(
         def teardown(self) -> None:
             """Liveness from wherever the example ended: failures stop, effects complete
             fairly, and every group must end active, retired or stopped."""
-            self._check(self.sim.settle())
+            if not self.failed:
+                self._check(self.sim.settle())
 
     RaceSearch.__name__ = RaceSearch.__qualname__ = f"RaceSearch[{controller.__name__}]"
     return RaceSearch
