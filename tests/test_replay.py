@@ -109,4 +109,4 @@ def test_a_crash_is_journaled_and_replays_as_a_violation(tmp_path: Path) -> None
     assert last["step"] == 2 and last["error"]["type"] == "KeyError"
     report = replay(path, CrashesOnProbeOk)
     assert report.violation_step == 2 and "crashed" in report.violations[0]
-    assert replay(path).divergences  # the real controller accepts that ProbeOk
+    assert replay(path, RecoveryController).divergences  # the real one accepts that ProbeOk
