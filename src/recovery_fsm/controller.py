@@ -531,8 +531,12 @@ class RecoveryController:
                 self._reap(ck)
             elif ck.record.state == "exporting":
                 self._fire_ck(ck, "abandon")
-                if not ck.record.pinned:
-                    self._emit(fx.CancelExport(ck.record.version))
+                self._cancel_abandoned(ck)
+
+    def _cancel_abandoned(self, ck: _Checkpoint) -> None:
+        """Stop a stale write, unless the user wants to keep it."""
+        if not ck.record.pinned:
+            self._emit(fx.CancelExport(ck.record.version))
 
     def _restart_from(self, g: _Group, ck: _Checkpoint) -> None:
         """Lease the current committed checkpoint and boot the group from it."""

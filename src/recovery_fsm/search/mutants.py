@@ -111,13 +111,8 @@ class DoubleRelease(RecoveryController):
 class ForgetCancel(RecoveryController):
     """On a new sync, marks the running export stale but never asks the exporter to stop."""
 
-    def _make_checkpoints_stale(self) -> None:
-        for ck in list(self._checkpoints.values()):
-            if ck.record.state == "ready":
-                self._fire_ck(ck, "supersede")
-                self._reap(ck)
-            elif ck.record.state == "exporting":
-                self._fire_ck(ck, "abandon")
+    def _cancel_abandoned(self, ck: _Checkpoint) -> None:
+        pass
 
 
 MUTANTS: dict[str, type[RecoveryController]] = {
