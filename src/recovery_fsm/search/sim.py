@@ -105,7 +105,7 @@ class Sim:
 
     # -- what may happen next ------------------------------------------------------------
 
-    def actions(self, actor: str | None = None) -> list[Action]:
+    def actions(self) -> list[Action]:
         w, s = self.world, self.scope
         c = self.controller
         out: list[Action] = []
@@ -144,7 +144,7 @@ class Sim:
             if p.status == "relaunching":
                 out += [Action(SCHEDULER, "relaunched", g), Action(SCHEDULER, "relaunch_fails", g)]
         out += [Action(SCHEDULER, "deleted", v) for v in sorted(set(w.deleting.values()))]
-        return out if actor is None else [a for a in out if a.actor == actor]
+        return out
 
     def _up(self) -> list[str]:
         return [g for g in self.scope.groups if self.world.procs[g].status == "up"]

@@ -175,10 +175,7 @@ class World:
         if isinstance(f, fx.RestartFromCheckpoint):
             self._restart(f, out)
         elif isinstance(f, fx.RestartCold):
-            p = self.procs[f.group]
-            if p.status != "down":
-                out.append(f"cold restart of group {f.group}, which is {p.status}")
-            p.status = "relaunching"
+            self._down(f.group, "cold restart", out).status = "relaunching"
         elif isinstance(f, fx.ReadmitGroup):
             p = self.procs[f.group]
             if p.status != "up" or p.holds != f.version:
@@ -191,10 +188,7 @@ class World:
                     f"group {f.group} readmitted on version {f.version}; fleet is {self.fleet}"
                 )
         elif isinstance(f, fx.RetireGroup):
-            p = self.procs[f.group]
-            if p.status != "down":
-                out.append(f"group {f.group} retired while {p.status}")
-            p.status = "retired"
+            self._down(f.group, "retirement", out).status = "retired"
         elif isinstance(f, fx.StopGroup):
             self.procs[f.group].status = "stopped"
         elif isinstance(f, fx.CancelExport):
@@ -215,10 +209,15 @@ class World:
             out.append(f"group {f.group} restarts from {f.path}, whose delete is under way")
         if f.version != self.fleet:
             out.append(f"group {f.group} restarts from version {f.version}; fleet is {self.fleet}")
-        p = self.procs[f.group]
-        if p.status != "down":
-            out.append(f"restart of group {f.group}, which is {p.status}")
+        p = self._down(f.group, "restart", out)
         p.status, p.holds, p.load = "loading", None, Load(f.lease, f.path, f.version)
+
+    def _down(self, group: str, what: str, out: list[str]) -> Proc:
+        """The process an effect acts on, which must be dead by then."""
+        p = self.procs[group]
+        if p.status != "down":
+            out.append(f"{what} of group {group}, which is {p.status}")
+        return p
 
     def _delete_asked(self, f: fx.DeleteCheckpoint, out: list[str]) -> None:
         if self.disk.get(f.path) != f.version:
