@@ -1,7 +1,6 @@
 """Exporter cost beside its limits, on the same model in one run (read the ratios).
 
-    .venv/bin/python benchmarks/bench_export.py [--sizes small,large] [--dir DIR]
-    .venv/bin/python benchmarks/bench_export.py --sizes large --pairs 8
+    .venv/bin/python benchmarks/bench_export.py [--sizes small,large] [--repeat 5] [--dir DIR]
 
 For each model: the trainer's stall per export next to a plain in-memory copy of the state
 dict (``clone`` of every tensor, the stall's limit); the background write next to
@@ -25,6 +24,7 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers.utils import logging as hf_logging
 
 from recovery_fsm.export import AsyncHFExporter
 from recovery_fsm.export.safetensors_io import raw_bytes
@@ -69,101 +69,108 @@ def _raw_write(path: Path, tensors: list[torch.Tensor], early_writeback: bool = 
         os.fsync(f.fileno())
 
 
-def bench(name: str, work: Path, repeat: int) -> None:
+def _model(name: str) -> tuple[Any, LlamaConfig, dict[str, torch.Tensor], list[torch.Tensor]]:
     torch.manual_seed(0)
     cfg = LlamaConfig(num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True,
                       **MODELS[name])  # fmt: skip
     model = AutoModelForCausalLM.from_config(cfg).eval()
     sd = model.state_dict()
-    unique = {t.data_ptr(): t for t in sd.values()}.values()
+    unique = list({t.data_ptr(): t for t in sd.values()}.values())
+    return model, cfg, sd, unique
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    os.sync()  # the deletes (and the discards they send) finish outside every measurement
+
+
+def bench(name: str, work: Path, repeat: int) -> None:
+    """One exporter for the whole run, as in training. Each repeat runs every candidate in
+    a rotated order, each after the same clean-up, so the disk's drift and the position in
+    the sequence hit all candidates alike."""
+    model, cfg, sd, unique = _model(name)
     total = sum(t.numel() * t.element_size() for t in unique)
     print(f"\n== {name}: {sum(t.numel() for t in unique) / 1e6:.0f}M parameters, "
           f"{total / 1e6:.0f} MB (fp32), median of {repeat}")  # fmt: skip
 
-    clone_s, stall_cold, stall_warm, ours_s, hf_s, hf_sync_s, raw_s, rawwb_s = (
-        [] for _ in range(8)
-    )
+    times: dict[str, list[float]] = {}
+    stalls: dict[str, list[float]] = {"clone": [], "cold": [], "warm": []}
+    for _ in range(repeat):
+        # The first export of a fresh exporter allocates its staging buffers.
+        gc.collect()
+        stalls["clone"].append(_timed(lambda: {k: v.clone() for k, v in sd.items()}))
+        gc.collect()
+        cold = AsyncHFExporter(work / "cold", max_shard_size="2GB")
+        t0 = time.perf_counter()
+        cold.export(0, sd, config=cfg)
+        stalls["cold"].append(time.perf_counter() - t0)
+        cold.close(cancel=True)
+        _remove(work / "cold")
+    ex = AsyncHFExporter(work / "ours", max_shard_size="2GB", write_threads=2)
+    versions = iter(range(1, 10**6))
+    ex.export(next(versions), sd, config=cfg).result()  # allocate the staging buffers
+    _remove(work / "ours" / "step-1")
+
+    def ours() -> None:
+        t0 = time.perf_counter()
+        handle = ex.export(next(versions), sd, config=cfg)
+        stalls["warm"].append(time.perf_counter() - t0)
+        handle.result()
+
+    def hf_save(fsync: bool) -> None:
+        model.save_pretrained(work / "hf", safe_serialization=True)
+        if fsync:
+            _fsync_tree(work / "hf")
+
+    candidates: dict[str, tuple[Callable[[], Any], Path]] = {
+        "exporter": (ours, work / "ours"),
+        "save_pretrained": (lambda: hf_save(fsync=False), work / "hf"),
+        "save_pretrained+fsync": (lambda: hf_save(fsync=True), work / "hf"),
+        "raw": (lambda: _raw_write(work / "raw.bin", unique), work / "raw.bin"),
+        "raw+writeback": (
+            lambda: _raw_write(work / "raw.bin", unique, early_writeback=True),
+            work / "raw.bin",
+        ),
+    }
+    names = list(candidates)
     for r in range(repeat):
-        gc.collect()
-        clone_s.append(_timed(lambda: {k: v.clone() for k, v in sd.items()}))
-        gc.collect()
-        root = work / f"ours-{r}"
-        with AsyncHFExporter(root, max_shard_size="2GB", write_threads=2) as ex:
-            os.sync()
-            t0 = time.perf_counter()
-            h = ex.export(1, sd, config=cfg)
-            stall_cold.append(time.perf_counter() - t0)
-            h.result()
-            os.sync()
-            t0 = time.perf_counter()
-            h = ex.export(2, sd, config=cfg)
-            stall_warm.append(time.perf_counter() - t0)
-            h.result()
-            ours_s.append(time.perf_counter() - t0)  # stall plus background write, v2
-        shutil.rmtree(root)
-
-        hf_dir = work / f"hf-{r}"
-        hf_s.append(_timed(lambda d=hf_dir: model.save_pretrained(d, safe_serialization=True)))
-        shutil.rmtree(hf_dir)
-        hf_sync_s.append(_timed(lambda d=hf_dir: (model.save_pretrained(d, safe_serialization=True),
-                                                  _fsync_tree(d))))  # fmt: skip
-        shutil.rmtree(hf_dir)
-
-        raw = work / f"raw-{r}.bin"
-        raw_s.append(_timed(lambda p=raw: _raw_write(p, list(unique))))
-        raw.unlink()
-        rawwb_s.append(_timed(lambda p=raw: _raw_write(p, list(unique), early_writeback=True)))
-        raw.unlink()
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            fn, out = candidates[k]
+            times.setdefault(k, []).append(_timed(fn))
+            for leftover in [out] if k != "exporter" else list(out.iterdir()):
+                _remove(leftover)
+    ex.close()
 
     med = statistics.median
-    clone, cold, warm = med(clone_s), med(stall_cold), med(stall_warm)
-    ours, hf, hf_sync, raw_t = med(ours_s), med(hf_s), med(hf_sync_s), med(raw_s)
-    rawwb = med(rawwb_s)
 
-    def rate(seconds: float) -> str:
-        return f"{total / seconds / 1e6:7.0f} MB/s"
+    def ratio(num: list[float], den: list[float]) -> str:
+        # Per repeat, then the median (and the range): the disk's speed drifts.
+        rs = sorted(n / d for n, d in zip(num, den, strict=True))
+        return f"{med(rs):.2f}x ({rs[0]:.2f}-{rs[-1]:.2f})"
 
-    def ratio(num: list[float], den: list[float]) -> float:
-        # Per repeat, then the median: the disk's speed drifts between repeats.
-        return med(n / d for n, d in zip(num, den, strict=True))
+    def rate(k: str) -> str:
+        return f"{total / med(times[k]) / 1e6:7.0f} MB/s"
 
-    print(f"  stall  clone of the state dict (limit)     {clone:7.3f} s   1.00x")
-    print(f"         export(), first (buffers allocated) {cold:7.3f} s   "
-          f"{ratio(stall_cold, clone_s):.2f}x clone")  # fmt: skip
-    print(f"         export(), reused staging buffers    {warm:7.3f} s   "
-          f"{ratio(stall_warm, clone_s):.2f}x clone")  # fmt: skip
-    print(f"  write  exporter, staged to committed+fsync {ours:7.3f} s  {rate(ours)}")
-    print(f"         save_pretrained (no fsync)          {hf:7.3f} s  {rate(hf)}"
-          f"   exporter takes {ratio(ours_s, hf_s):.2f}x this")  # fmt: skip
-    print(f"         save_pretrained + fsync             {hf_sync:7.3f} s  {rate(hf_sync)}"
-          f"   exporter takes {ratio(ours_s, hf_sync_s):.2f}x this")  # fmt: skip
-    print(f"         raw sequential write + fsync        {raw_t:7.3f} s  {rate(raw_t)}"
-          f"   exporter takes {ratio(ours_s, raw_s):.2f}x this")  # fmt: skip
-    print(f"         raw, writeback started per tensor   {rawwb:7.3f} s  {rate(rawwb)}"
-          f"   exporter takes {ratio(ours_s, rawwb_s):.2f}x this")  # fmt: skip
-    print("  (ratios: median over repeats of the ratio within one repeat)")
-
-
-def pairs(name: str, work: Path, n: int) -> None:
-    """One exporter kept open, its write and the raw write alternating: the disk's drift
-    hits both sides of each pair alike."""
-    torch.manual_seed(0)
-    cfg = LlamaConfig(num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True,
-                      **MODELS[name])  # fmt: skip
-    sd = AutoModelForCausalLM.from_config(cfg).eval().state_dict()
-    unique = list({t.data_ptr(): t for t in sd.values()}.values())
-    print(f"\n== {name}: exporter write vs raw write + fsync, alternating, {n} pairs")
-    ratios = []
-    with AsyncHFExporter(work / "pairs", max_shard_size="2GB") as ex:
-        for v in range(n):
-            ours = _timed(lambda v=v: ex.export(v, sd, config=cfg).result())
-            shutil.rmtree(work / "pairs" / f"step-{v}")
-            raw = _timed(lambda: _raw_write(work / "raw.bin", unique))
-            (work / "raw.bin").unlink()
-            ratios.append(ours / raw)
-            print(f"  pair {v + 1}: exporter {ours:6.3f} s   raw {raw:6.3f} s   {ours / raw:.2f}x")
-    print(f"  median {statistics.median(ratios):.2f}x, "
-          f"after the first {statistics.median(ratios[1:] or ratios):.2f}x")  # fmt: skip
+    clone = stalls["clone"]
+    print(f"  stall  clone of the state dict (limit)     {med(clone):7.3f} s   1.00x")
+    print(f"         export(), first (buffers allocated) {med(stalls['cold']):7.3f} s   "
+          f"{ratio(stalls['cold'], clone)} clone")  # fmt: skip
+    print(f"         export(), reused staging buffers    {med(stalls['warm']):7.3f} s   "
+          f"{ratio(stalls['warm'], stalls['clone'])} clone")  # fmt: skip
+    ours_s = times["exporter"]
+    print(f"  write  exporter, staged to committed+fsync {med(ours_s):7.3f} s  {rate('exporter')}")
+    for k, label in (
+        ("save_pretrained", "save_pretrained (no fsync)         "),
+        ("save_pretrained+fsync", "save_pretrained + fsync            "),
+        ("raw", "raw sequential write + fsync       "),
+        ("raw+writeback", "raw, writeback started per tensor  "),
+    ):
+        print(f"         {label} {med(times[k]):7.3f} s  {rate(k)}"
+              f"   exporter takes {ratio(ours_s, times[k])} this")  # fmt: skip
+    print("  (ratios: median and range over repeats of the ratio within one repeat)")
 
 
 def main() -> None:
@@ -171,17 +178,14 @@ def main() -> None:
     parser.add_argument("--sizes", default="small,large")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
-    parser.add_argument("--pairs", type=int, default=0, help="only the alternating comparison")
     a = parser.parse_args()
+    hf_logging.disable_progress_bar()
     work = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="recovery-fsm-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"writing under {work}; torch threads: {torch.get_num_threads()}")
     try:
         for name in a.sizes.split(","):
-            if a.pairs:
-                pairs(name, work, a.pairs)
-            else:
-                bench(name, work, a.repeat)
+            bench(name, work, a.repeat)
     finally:
         if not a.dir:
             shutil.rmtree(work, ignore_errors=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -130,6 +131,33 @@ def test_staging_buffers_are_reused_across_exports(model: Any, tmp_path: Path) -
         first = {k: v.data_ptr() for k, v in pool.items()}
         ex.export(2, sd).result(60)
         assert {k: v.data_ptr() for k, v in ex._free_buffers[-1].items()} == first
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+def test_tensor_hashes_run_below_the_writers_priority(
+    model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writers keep the disk busy first; the per-tensor hashes take the CPU they leave."""
+    import recovery_fsm.export.exporter as xm
+
+    seen: dict[str, set[int]] = {"hash": set(), "write": set()}
+
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def spy(kind: str, real: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            seen[kind].add(niceness())
+            return real(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(xm, "tensor_sha256", spy("hash", xm.tensor_sha256))
+    monkeypatch.setattr(xm, "write_file", spy("write", xm.write_file))
+    with AsyncHFExporter(tmp_path, max_shard_size="40KB") as ex:
+        ex.export(1, model.state_dict()).result(60)
+    assert seen["write"] == {niceness()}
+    assert seen["hash"] == {min(19, niceness() + xm.HASH_NICENESS)}
 
 
 def test_bf16_export_and_digest(model: Any, tmp_path: Path) -> None:
