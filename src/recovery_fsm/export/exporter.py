@@ -97,6 +97,8 @@ class AsyncHFExporter:
 
     ``report`` receives every outcome as ``report(EventClass, **fields)``: ExportStarted from
     the caller's thread, then ExportCommitted, ExportFailed or ExportCancelled from the writer.
+    ``write_threads`` shards are written at once, and as many threads (niced +5 on Linux)
+    hash tensors for the weights digest beside them.
     """
 
     def __init__(
@@ -259,21 +261,32 @@ class AsyncHFExporter:
             if len(shards) == 1
             else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
         )
-        futures = [
-            self._writers.submit(
-                write_file,
-                tmp / name,
-                shard,
-                check=lambda: self._check(job),
-                opener=self._opener,
-                fsync=self._fsync,
-            )
-            for name, shard in zip(names, shards, strict=True)
-        ]
-        # Per-tensor hashes (for the weights digest) run beside the file writes on
-        # lower-priority threads: the writers keep the disk busy first, and the hashes fill
-        # the CPU time the writers leave idle, most of it while they wait in fsync.
-        hashes = {tname: self._hashers.submit(self._hash_tensor, job, t) for tname, t in tensors}
+        futures: list[Future[tuple[int, str]]] = []
+        hashes: dict[str, Future[str]] = {}
+        try:
+            for name, shard in zip(names, shards, strict=True):
+                futures.append(
+                    self._writers.submit(
+                        write_file,
+                        tmp / name,
+                        shard,
+                        check=lambda: self._check(job),
+                        opener=self._opener,
+                        fsync=self._fsync,
+                    )
+                )
+            # Per-tensor hashes (for the weights digest) run beside the file writes, on
+            # threads niced below them: when the two compete for a core, the writers get
+            # about three times the share, so the disk is kept busy first.
+            for tname, t in tensors:
+                hashes[tname] = self._hashers.submit(self._hash_tensor, job, t)
+        except BaseException:
+            # A pool refused work: stop what was already submitted before the caller
+            # removes the directory and reuses the buffers those tasks still read.
+            job.abort.set()
+            submitted: list[Future[Any]] = [*futures, *hashes.values()]
+            wait(submitted)
+            raise
         everything: list[Future[Any]] = [*futures, *hashes.values()]
         _, pending = wait(everything, return_when=FIRST_EXCEPTION)
         if pending:
@@ -376,13 +389,14 @@ HASH_NICENESS = 5
 
 def _lower_priority() -> None:
     """Lower the calling thread's CPU priority (Linux gives each thread its own niceness;
-    elsewhere setpriority would renice the whole process, so it is left alone)."""
+    elsewhere setpriority would renice the whole process, so it is left alone). A failure
+    only costs the priority: raising here would break the pool for good."""
     if sys.platform == "linux":
         try:
             tid = threading.get_native_id()
             niceness = os.getpriority(os.PRIO_PROCESS, tid) + HASH_NICENESS
             os.setpriority(os.PRIO_PROCESS, tid, niceness)
-        except OSError:
+        except Exception:
             pass
 
 
