@@ -1,12 +1,13 @@
 """Exporter cost beside its limits, on the same model in one run (read the ratios).
 
-    .venv/bin/python benchmarks/bench_export.py [--sizes small,large] [--repeat 5] [--dir DIR]
+    .venv/bin/python benchmarks/bench_export.py [--sizes small,large] [--repeat 6] [--dir DIR]
+    .venv/bin/python benchmarks/bench_export.py --hash-niceness 0   # the A/B of the niceness
 
 For each model: the trainer's stall per export next to a plain in-memory copy of the state
-dict (``clone`` of every tensor, the stall's limit); the background write next to
-``save_pretrained(safe_serialization=True)`` to the same disk, with and without an fsync of
-its files, and next to a raw sequential write plus fsync of the same bytes (the disk's limit),
-plain and with writeback started after each tensor (the kernel hint the exporter gives).
+dict (``clone`` of every tensor, the stall's limit); the write of a long-lived exporter (as in
+training) next to a fresh exporter's first export, ``save_pretrained(safe_serialization=True)``
+to the same disk with and without an fsync of its files, and a raw sequential write plus fsync
+of the same bytes (the disk's limit), plain and with writeback started after each tensor.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,10 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.utils import logging as hf_logging
 
+import recovery_fsm.export.exporter as exporter_module
 from recovery_fsm.export import AsyncHFExporter
 from recovery_fsm.export.safetensors_io import raw_bytes
+from recovery_fsm.export.store import fsync_dir
 
 MODELS = {
     # ~97M parameters, ~390 MB in fp32
@@ -42,17 +46,17 @@ def _timed(fn: Callable[[], Any]) -> float:
     # out data that an earlier measurement left in the page cache.
     os.sync()
     t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    result = fn()
+    elapsed = time.perf_counter() - t0
+    del result  # freeing what fn built (a cloned state dict) is not part of its cost
+    return elapsed
 
 
 def _fsync_tree(path: Path) -> None:
     for f in path.iterdir():
         with f.open("rb") as fh:
             os.fsync(fh.fileno())
-    fd = os.open(path, os.O_RDONLY)
-    os.fsync(fd)
-    os.close(fd)
+    fsync_dir(path)
 
 
 def _raw_write(path: Path, tensors: list[torch.Tensor], early_writeback: bool = False) -> None:
@@ -61,7 +65,7 @@ def _raw_write(path: Path, tensors: list[torch.Tensor], early_writeback: bool = 
         for t in tensors:
             data = raw_bytes(t.contiguous())
             f.write(data)
-            if early_writeback:  # the same hint the exporter gives the kernel
+            if early_writeback:  # the exporter's kernel hint, given per tensor here
                 f.flush()
                 os.posix_fadvise(f.fileno(), offset, len(data), os.POSIX_FADV_DONTNEED)
             offset += len(data)
@@ -82,67 +86,108 @@ def _model(name: str) -> tuple[Any, LlamaConfig, dict[str, torch.Tensor], list[t
 def _remove(path: Path) -> None:
     if path.is_dir():
         shutil.rmtree(path)
-    else:
+    elif path.exists():
         path.unlink()
     os.sync()  # the deletes (and the discards they send) finish outside every measurement
 
 
+@dataclass
+class Candidate:
+    label: str
+    run: Callable[[], Any]  # the timed part
+    before: Callable[[], None] = lambda: None  # untimed set-up
+    after: Callable[[], None] = lambda: None  # untimed clean-up
+    times: list[float] = field(default_factory=list)
+
+
 def bench(name: str, work: Path, repeat: int) -> None:
-    """One exporter for the whole run, as in training. Each repeat runs every candidate in
-    a rotated order, each after the same clean-up, so the disk's drift and the position in
-    the sequence hit all candidates alike."""
+    """Each repeat runs every candidate once, in an order rotated by one per repeat, each
+    after the same clean-up, so the disk's drift and the position in the sequence hit all
+    candidates alike (evenly when ``repeat`` is a multiple of the number of candidates)."""
     model, cfg, sd, unique = _model(name)
     total = sum(t.numel() * t.element_size() for t in unique)
     print(f"\n== {name}: {sum(t.numel() for t in unique) / 1e6:.0f}M parameters, "
-          f"{total / 1e6:.0f} MB (fp32), median of {repeat}")  # fmt: skip
+          f"{total / 1e6:.0f} MB (fp32), {repeat} repeats")  # fmt: skip
 
-    times: dict[str, list[float]] = {}
-    stalls: dict[str, list[float]] = {"clone": [], "cold": [], "warm": []}
-    for _ in range(repeat):
-        # The first export of a fresh exporter allocates its staging buffers.
-        gc.collect()
-        stalls["clone"].append(_timed(lambda: {k: v.clone() for k, v in sd.items()}))
-        gc.collect()
-        cold = AsyncHFExporter(work / "cold", max_shard_size="2GB")
-        t0 = time.perf_counter()
-        cold.export(0, sd, config=cfg)
-        stalls["cold"].append(time.perf_counter() - t0)
-        cold.close(cancel=True)
-        _remove(work / "cold")
-    ex = AsyncHFExporter(work / "ours", max_shard_size="2GB", write_threads=2)
-    versions = iter(range(1, 10**6))
-    ex.export(next(versions), sd, config=cfg).result()  # allocate the staging buffers
-    _remove(work / "ours" / "step-1")
+    # Stalls, each paired with a clone timed just before it in the same repeat.
+    stalls: dict[str, list[float]] = {"clone": [], "warm": [], "fresh clone": [], "cold": []}
 
-    def ours() -> None:
+    def clone_into(key: str) -> None:
+        gc.collect()
+        stalls[key].append(_timed(lambda: {k: v.clone() for k, v in sd.items()}))
+        gc.collect()
+
+    def export_timing_stall(ex: AsyncHFExporter, version: int, key: str) -> None:
         t0 = time.perf_counter()
-        handle = ex.export(next(versions), sd, config=cfg)
-        stalls["warm"].append(time.perf_counter() - t0)
+        handle = ex.export(version, sd, config=cfg)
+        stalls[key].append(time.perf_counter() - t0)
         handle.result()
+
+    # The long-lived exporter, as in training, past its first exports.
+    ours = AsyncHFExporter(work / "ours", max_shard_size="2GB", write_threads=2)
+    versions = iter(range(1, 10**6))
+    for _ in range(2):
+        ours.export(next(versions), sd, config=cfg).result()
+        _clear(work / "ours")
+    fresh: list[AsyncHFExporter] = []
+
+    def fresh_before() -> None:
+        clone_into("fresh clone")
+        fresh.append(AsyncHFExporter(work / "fresh", max_shard_size="2GB", write_threads=2))
+
+    def fresh_after() -> None:
+        fresh.pop().close()
+        _remove(work / "fresh")
 
     def hf_save(fsync: bool) -> None:
         model.save_pretrained(work / "hf", safe_serialization=True)
         if fsync:
             _fsync_tree(work / "hf")
 
-    candidates: dict[str, tuple[Callable[[], Any], Path]] = {
-        "exporter": (ours, work / "ours"),
-        "save_pretrained": (lambda: hf_save(fsync=False), work / "hf"),
-        "save_pretrained+fsync": (lambda: hf_save(fsync=True), work / "hf"),
-        "raw": (lambda: _raw_write(work / "raw.bin", unique), work / "raw.bin"),
-        "raw+writeback": (
-            lambda: _raw_write(work / "raw.bin", unique, early_writeback=True),
-            work / "raw.bin",
+    exporter = Candidate(
+        "exporter, export() to committed + fsync",
+        lambda: export_timing_stall(ours, next(versions), "warm"),
+        before=lambda: clone_into("clone"),
+        after=lambda: _clear(work / "ours"),
+    )
+    candidates = [
+        exporter,
+        Candidate(
+            "a fresh exporter's first export",
+            lambda: export_timing_stall(fresh[-1], 1, "cold"),
+            before=fresh_before,
+            after=fresh_after,
         ),
-    }
-    names = list(candidates)
-    for r in range(repeat):
-        for k in names[r % len(names) :] + names[: r % len(names)]:
-            fn, out = candidates[k]
-            times.setdefault(k, []).append(_timed(fn))
-            for leftover in [out] if k != "exporter" else list(out.iterdir()):
-                _remove(leftover)
-    ex.close()
+        Candidate(
+            "save_pretrained (no fsync)",
+            lambda: hf_save(fsync=False),
+            after=lambda: _remove(work / "hf"),
+        ),
+        Candidate(
+            "save_pretrained + fsync",
+            lambda: hf_save(fsync=True),
+            after=lambda: _remove(work / "hf"),
+        ),
+        Candidate(
+            "raw sequential write + fsync",
+            lambda: _raw_write(work / "raw.bin", unique),
+            after=lambda: _remove(work / "raw.bin"),
+        ),
+        Candidate(
+            "raw, writeback started per tensor",
+            lambda: _raw_write(work / "raw.bin", unique, early_writeback=True),
+            after=lambda: _remove(work / "raw.bin"),
+        ),
+    ]
+    try:
+        for r in range(repeat):
+            shift = r % len(candidates)
+            for c in candidates[shift:] + candidates[:shift]:
+                c.before()
+                c.times.append(_timed(c.run))
+                c.after()
+    finally:
+        ours.close()
 
     med = statistics.median
 
@@ -151,38 +196,45 @@ def bench(name: str, work: Path, repeat: int) -> None:
         rs = sorted(n / d for n, d in zip(num, den, strict=True))
         return f"{med(rs):.2f}x ({rs[0]:.2f}-{rs[-1]:.2f})"
 
-    def rate(k: str) -> str:
-        return f"{total / med(times[k]) / 1e6:7.0f} MB/s"
-
-    clone = stalls["clone"]
-    print(f"  stall  clone of the state dict (limit)     {med(clone):7.3f} s   1.00x")
-    print(f"         export(), first (buffers allocated) {med(stalls['cold']):7.3f} s   "
-          f"{ratio(stalls['cold'], clone)} clone")  # fmt: skip
-    print(f"         export(), reused staging buffers    {med(stalls['warm']):7.3f} s   "
+    print(f"  stall  {'clone of the state dict (limit)':<40} {med(stalls['clone']):7.3f} s")
+    print(f"         {'export(), reused staging buffers':<40} {med(stalls['warm']):7.3f} s   "
           f"{ratio(stalls['warm'], stalls['clone'])} clone")  # fmt: skip
-    ours_s = times["exporter"]
-    print(f"  write  exporter, staged to committed+fsync {med(ours_s):7.3f} s  {rate('exporter')}")
-    for k, label in (
-        ("save_pretrained", "save_pretrained (no fsync)         "),
-        ("save_pretrained+fsync", "save_pretrained + fsync            "),
-        ("raw", "raw sequential write + fsync       "),
-        ("raw+writeback", "raw, writeback started per tensor  "),
-    ):
-        print(f"         {label} {med(times[k]):7.3f} s  {rate(k)}"
-              f"   exporter takes {ratio(ours_s, times[k])} this")  # fmt: skip
+    print(f"         {'export(), fresh exporter (allocates)':<40} {med(stalls['cold']):7.3f} s   "
+          f"{ratio(stalls['cold'], stalls['fresh clone'])} clone")  # fmt: skip
+    print(f"  write  {exporter.label:<40} {med(exporter.times):7.3f} s "
+          f"{total / med(exporter.times) / 1e6:6.0f} MB/s")  # fmt: skip
+    for c in candidates[1:]:
+        print(f"         {c.label:<40} {med(c.times):7.3f} s "
+              f"{total / med(c.times) / 1e6:6.0f} MB/s   "
+              f"exporter takes {ratio(exporter.times, c.times)} this")  # fmt: skip
     print("  (ratios: median and range over repeats of the ratio within one repeat)")
+
+
+def _clear(root: Path) -> None:
+    for child in list(root.iterdir()):
+        _remove(child)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="small,large")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=6)
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    parser.add_argument(
+        "--hash-niceness",
+        type=int,
+        default=None,
+        help="niceness added to the tensor-hash threads (the exporter's default: "
+        f"{exporter_module.HASH_NICENESS}); 0 for the A/B comparison",
+    )
     a = parser.parse_args()
+    if a.hash_niceness is not None:
+        exporter_module.HASH_NICENESS = a.hash_niceness
     hf_logging.disable_progress_bar()
     work = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="recovery-fsm-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"writing under {work}; torch threads: {torch.get_num_threads()}")
+    print(f"writing under {work}; torch threads: {torch.get_num_threads()}; "
+          f"tensor-hash niceness +{exporter_module.HASH_NICENESS}")  # fmt: skip
     try:
         for name in a.sizes.split(","):
             bench(name, work, a.repeat)
