@@ -410,7 +410,7 @@ def _stage(
     aliases: dict[str, str] = {}
     seen: dict[tuple[Any, ...], str] = {}
     names: set[str] = set()
-    on_cuda = False
+    cuda_devices: set[torch.device] = set()
     for item in items:
         if not (isinstance(item, tuple) and len(item) == 2):
             raise BadExportInput(f"expected (name, tensor) pairs, got {item!r:.80}")
@@ -439,10 +439,12 @@ def _stage(
             buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
             buffers[name] = buf
         buf.copy_(t, non_blocking=t.is_cuda)
-        on_cuda = on_cuda or t.is_cuda
+        if t.is_cuda:
+            cuda_devices.add(t.device)
         staged.append((name, buf))
-    if on_cuda:
-        torch.cuda.synchronize()
+    # Each device's copies were queued on its own stream: wait for every one of them.
+    for device in cuda_devices:
+        torch.cuda.synchronize(device)
     for stale in set(buffers) - {n for n, _ in staged}:
         del buffers[stale]
     return staged, aliases
