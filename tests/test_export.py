@@ -200,8 +200,10 @@ class SlowFile:
     def __init__(self, path: Any, delay: float) -> None:
         self._f = open(path, "xb")  # noqa: SIM115
         self._delay = delay
+        self.writes = 0
 
     def write(self, data: Any) -> int:
+        self.writes += 1
         time.sleep(self._delay)
         return self._f.write(data)
 
@@ -265,6 +267,36 @@ def test_a_pool_refusing_work_fails_the_export_after_its_writers_stop(
     assert rec.kinds() == ["ExportStarted", "ExportFailed"]
     assert _leftovers(tmp_path) == [] and not (tmp_path / "step-1").exists()
     ex.close()
+
+
+def test_cancel_lands_inside_one_large_tensor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A single tensor of many chunks stops at the next chunk, not at its end."""
+    import recovery_fsm.export.safetensors_io as sio
+
+    monkeypatch.setattr(sio, "CHUNK", 64 << 10)
+    big = {"w": torch.arange(64 * (64 << 10) // 4, dtype=torch.float32)}  # 64 chunks
+    files: list[SlowFile] = []
+
+    def opener(path: Any) -> SlowFile:
+        files.append(SlowFile(path, 0.05))
+        return files[-1]
+
+    rec = Recorder()
+    ex = AsyncHFExporter(tmp_path, report=rec, write_threads=1, opener=opener)
+    handle = ex.export(1, big)
+    deadline = time.monotonic() + 30
+    while not files and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.1)  # a few chunks in
+    assert ex.cancel(1)
+    with pytest.raises(ExportCancelledError):
+        handle.result(60)
+    ex.close()
+    assert files[0].writes < 40  # the header and a few chunks, far from all 1 + 64 writes
+    assert rec.kinds() == ["ExportStarted", "ExportCancelled"]
+    assert _leftovers(tmp_path) == []
 
 
 class FailingOpener:

@@ -1,7 +1,7 @@
 """A streaming safetensors writer: header, then each tensor's bytes straight from host memory.
 
 safetensors' own ``save_file`` first builds every tensor's bytes in Python; writing the
-format directly lets the exporter hash as it writes, check for cancellation between tensors,
+format directly lets the exporter hash as it writes, check for cancellation between chunks,
 and avoid one full copy of the model. The layout follows the published format: an 8-byte
 little-endian header length, a JSON header (padded with spaces to 8 bytes) of dtype, shape and
 ``data_offsets``, then the packed data.
@@ -81,7 +81,8 @@ def write_file(
 ) -> tuple[int, str]:
     """Write one safetensors file; returns (size, sha256 of the file).
 
-    ``check`` runs before each tensor and may raise to stop the write (cancellation).
+    ``check`` runs before each tensor and each chunk of a large one, and may raise to stop
+    the write (cancellation).
     """
     head = header_bytes(tensors, metadata or {"format": "pt"})
     hasher = _SequentialHasher()
@@ -96,6 +97,8 @@ def write_file(
                 check()
                 data = raw_bytes(t)
                 for start in range(0, len(data), CHUNK):
+                    if start:
+                        check()  # a tensor of several GB must not delay a cancel
                     chunk = data[start : start + CHUNK]
                     hasher.feed(chunk)
                     f.write(chunk)
