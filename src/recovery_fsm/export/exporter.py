@@ -247,7 +247,7 @@ class AsyncHFExporter:
 
     def _hash_tensor(self, job: _Job, t: torch.Tensor) -> str:
         self._check(job)
-        return tensor_sha256(t)
+        return tensor_sha256(t, lambda: self._check(job))
 
     def _check(self, job: _Job) -> None:
         if job.handle._cancel.is_set() or job.abort.is_set():

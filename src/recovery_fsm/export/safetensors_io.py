@@ -168,11 +168,13 @@ class _SequentialHasher:
         return self._hash.hexdigest()
 
 
-def tensor_sha256(t: torch.Tensor) -> str:
-    """sha256 of a CPU tensor's bytes (hashlib releases the GIL on large chunks)."""
+def tensor_sha256(t: torch.Tensor, check: Callable[[], None] = lambda: None) -> str:
+    """sha256 of a CPU tensor's bytes (hashlib releases the GIL on large chunks); ``check``
+    runs before each chunk, as in ``write_file``."""
     h = hashlib.sha256()
     data = raw_bytes(t)
     for start in range(0, len(data), CHUNK):
+        check()
         h.update(data[start : start + CHUNK])
     return h.hexdigest()
 
