@@ -133,6 +133,22 @@ def test_staging_buffers_are_reused_across_exports(model: Any, tmp_path: Path) -
         assert {k: v.data_ptr() for k, v in ex._free_buffers[-1].items()} == first
 
 
+def test_reserve_allocates_the_buffers_the_first_export_uses(model: Any, tmp_path: Path) -> None:
+    sd = model.state_dict()
+    ex = AsyncHFExporter(tmp_path)
+    with pytest.raises(BadExportInput):
+        ex.reserve({"w": "not a tensor"})
+    ex.reserve(sd)
+    reserved = {k: v.data_ptr() for k, v in ex._free_buffers[-1].items()}
+    assert set(reserved) == set(sd) - {"lm_head.weight"}  # tied to the embedding
+    assert list(tmp_path.iterdir()) == []  # nothing written
+    ex.export(1, sd).result(60)
+    assert {k: v.data_ptr() for k, v in ex._free_buffers[-1].items()} == reserved
+    ex.close()
+    with pytest.raises(BadExportInput, match="closed"):
+        ex.reserve(sd)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
 def test_tensor_hashes_run_below_the_writers_priority(
     model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

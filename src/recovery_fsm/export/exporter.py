@@ -177,6 +177,20 @@ class AsyncHFExporter:
         self._orchestrator.submit(self._run, job)
         return handle
 
+    def reserve(self, weights: Weights) -> None:
+        """Allocate staging buffers for weights shaped like these, and touch them once.
+
+        A fresh exporter's first export otherwise pays for new host memory inside the
+        trainer's stall. Call it at start-up, outside the training step."""
+        with self._lock:
+            if self._closed:
+                raise BadExportInput("the exporter is closed")
+            buffers = self._take_buffers()
+        try:
+            _stage(weights, buffers)
+        finally:
+            self._give_back(buffers)
+
     def cancel(self, version: int) -> bool:
         """Cancel the export of ``version`` if it is the one in flight (the CancelExport
         effect's executor). Returns whether there was one to cancel."""
