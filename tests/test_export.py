@@ -136,17 +136,74 @@ def test_staging_buffers_are_reused_across_exports(model: Any, tmp_path: Path) -
 def test_reserve_allocates_the_buffers_the_first_export_uses(model: Any, tmp_path: Path) -> None:
     sd = model.state_dict()
     ex = AsyncHFExporter(tmp_path)
-    with pytest.raises(BadExportInput):
-        ex.reserve({"w": "not a tensor"})
+    for bad in ({"w": "not a tensor"}, {}, 5):
+        with pytest.raises(BadExportInput):
+            ex.reserve(bad)  # type: ignore[arg-type]
+    assert ex._free_buffers == [{}]  # the one free set is still empty: nothing allocated
     ex.reserve(sd)
     reserved = {k: v.data_ptr() for k, v in ex._free_buffers[-1].items()}
     assert set(reserved) == set(sd) - {"lm_head.weight"}  # tied to the embedding
+    # A bad item after good ones keeps the reserved set as it was.
+    with pytest.raises(BadExportInput):
+        ex.reserve([*sd.items(), ("extra", "not a tensor")])
+    assert {k: v.data_ptr() for k, v in ex._free_buffers[-1].items()} == reserved
     assert list(tmp_path.iterdir()) == []  # nothing written
     ex.export(1, sd).result(60)
     assert {k: v.data_ptr() for k, v in ex._free_buffers[-1].items()} == reserved
     ex.close()
     with pytest.raises(BadExportInput, match="closed"):
         ex.reserve(sd)
+
+
+def test_close_during_staging_flushes_that_export(model: Any, tmp_path: Path) -> None:
+    """close() from another thread waits until the export being staged is submitted."""
+    rec = Recorder()
+    ex = AsyncHFExporter(tmp_path, report=rec)
+    closer = threading.Thread(target=ex.close)
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for i, item in enumerate(model.state_dict().items()):
+            if i == 1:
+                closer.start()
+                time.sleep(0.2)  # close() is now waiting for this export
+            yield item
+
+    handle = ex.export(1, weights())
+    closer.join(60)
+    assert not closer.is_alive()
+    assert handle.result(0) == tmp_path / "step-1"  # close() flushed it
+    assert rec.kinds() == ["ExportStarted", "ExportCommitted"]
+    with pytest.raises(BadExportInput, match="closed"):
+        ex.export(2, model.state_dict())
+
+
+def test_a_report_refusing_started_keeps_the_export_from_running(
+    model: Any, tmp_path: Path
+) -> None:
+    class Refuses(RuntimeError):
+        pass
+
+    def report(cls: type, **fields: Any) -> None:
+        if cls is ev.ExportStarted:
+            raise Refuses("the controller refused ExportStarted")
+
+    with AsyncHFExporter(tmp_path, report=report) as ex:
+        with pytest.raises(Refuses):
+            ex.export(1, model.state_dict())
+        assert ex._current is None and len(ex._free_buffers) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_renice_costs_only_the_priority(
+    model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*_args: Any) -> None:
+        raise RuntimeError("no setpriority here")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    with AsyncHFExporter(tmp_path) as ex:
+        for v in (1, 2):
+            assert ex.export(v, model.state_dict()).result(60) == tmp_path / f"step-{v}"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
@@ -255,10 +312,18 @@ def test_newer_export_cancels_the_one_in_flight(model: Any, tmp_path: Path) -> N
 def test_a_pool_refusing_work_fails_the_export_after_its_writers_stop(
     model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The directory is removed and the buffers reused only once no writer still uses them."""
+    """The writers already started are told to stop, and the directory is removed (and the
+    buffers handed back) only once none of them still runs."""
     import recovery_fsm.export.exporter as xm
 
     busy: list[int] = [0]
+    files: list[SlowFile] = []
+
+    def opener(path: Any) -> SlowFile:
+        with lock:
+            files.append(SlowFile(path, 0.02))
+            return files[-1]
+
     lock = threading.Lock()
 
     def counted(*args: Any, **kwargs: Any) -> Any:
@@ -273,13 +338,15 @@ def test_a_pool_refusing_work_fails_the_export_after_its_writers_stop(
     write_file = xm.write_file
     monkeypatch.setattr(xm, "write_file", counted)
     rec = Recorder()
-    ex = AsyncHFExporter(tmp_path, report=rec, max_shard_size="20KB",
-                         opener=lambda p: SlowFile(p, 0.02))  # fmt: skip
+    ex = AsyncHFExporter(tmp_path, report=rec, max_shard_size="20KB", opener=opener)
     ex._hashers.shutdown()  # submit() now raises RuntimeError, as during interpreter exit
     handle = ex.export(1, model.state_dict())
     assert isinstance(handle.exception(60), RuntimeError)
     with lock:
         assert busy[0] == 0
+        # Every shard was submitted; told to stop, the writers wrote only a few tensors
+        # (each file's first write is its header).
+        assert sum(f.writes - 1 for f in files) < len(model.state_dict()) // 2
     assert rec.kinds() == ["ExportStarted", "ExportFailed"]
     assert _leftovers(tmp_path) == [] and not (tmp_path / "step-1").exists()
     ex.close()

@@ -7,13 +7,15 @@ fsync, the atomic rename) runs in the background, and every outcome is reported 
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -73,7 +75,7 @@ class ExportHandle:
         return self.future.exception(timeout)
 
     def cancel(self) -> None:
-        """Ask the writer to stop at the next tensor; the future then raises
+        """Ask the writer to stop at its next chunk; the future then raises
         ExportCancelledError (unless the write already committed)."""
         self._cancel.set()
 
@@ -88,7 +90,7 @@ class _Job:
     generation_config_json: str | None
     tokenizer: Any
     handle: ExportHandle
-    # Set when one shard writer failed, so the others stop at their next tensor.
+    # Set when one shard writer failed, so the others stop at their next chunk.
     abort: threading.Event = attrs.field(factory=threading.Event)
 
 
@@ -123,6 +125,10 @@ class AsyncHFExporter:
         self._fsync = fsync
         self._opener = opener  # tests inject writer faults here
         self._lock = threading.Lock()
+        # Threads inside export() or reserve(): close() waits for them, so a job is never
+        # submitted to a pool that close() has already shut down.
+        self._staging: collections.Counter[int] = collections.Counter()
+        self._staged = threading.Condition(self._lock)
         self._current: _Job | None = None
         self._last_version: int | None = None
         self._free_buffers: list[dict[str, torch.Tensor]] = []
@@ -152,44 +158,68 @@ class AsyncHFExporter:
         if type(version) is not int or version < 0:
             raise BadExportInput(f"version must be an int >= 0, got {version!r}")
         with self._lock:
-            if self._closed:
-                raise BadExportInput("the exporter is closed")
             if self._last_version is not None and version <= self._last_version:
                 raise BadExportInput(
                     f"versions must increase: got {version} after {self._last_version}"
                 )
-            buffers = self._take_buffers()
-        try:
-            tensors, aliases = _stage(weights, buffers)
-            config_json = _to_json(config, "config")
-            gen_json = _to_json(generation_config, "generation_config")
-        except BaseException:
-            self._give_back(buffers)
-            raise
-        handle = ExportHandle(version, Future(), threading.Event())
-        job = _Job(version, tensors, aliases, buffers, config_json, gen_json, tokenizer, handle)
-        with self._lock:
-            previous, self._current = self._current, job
-            self._last_version = version
-        if previous is not None:
-            previous.handle.cancel()
-        self._send(ev.ExportStarted, version=version, pinned=pinned)
-        self._orchestrator.submit(self._run, job)
+        with self._staging_slot() as buffers:
+            try:
+                tensors, aliases = _stage(weights, buffers)
+                config_json = _to_json(config, "config")
+                gen_json = _to_json(generation_config, "generation_config")
+            except BaseException:
+                self._give_back(buffers)
+                raise
+            handle = ExportHandle(version, Future(), threading.Event())
+            job = _Job(version, tensors, aliases, buffers, config_json, gen_json, tokenizer, handle)
+            with self._lock:
+                if self._last_version is not None and version <= self._last_version:
+                    self._give_back_locked(buffers)
+                    raise BadExportInput(
+                        f"versions must increase: got {version} after {self._last_version}"
+                    )
+                previous, self._current = self._current, job
+                self._last_version = version
+            if previous is not None:
+                previous.handle.cancel()
+            try:
+                self._send(ev.ExportStarted, version=version, pinned=pinned)
+            except BaseException as err:
+                # The controller never heard of this export: it must not run.
+                self._finish(job, error=err)
+                raise
+            self._orchestrator.submit(self._run, job)
         return handle
 
     def reserve(self, weights: Weights) -> None:
-        """Allocate staging buffers for weights shaped like these, and touch them once.
+        """Allocate one set of staging buffers for weights shaped like these, and touch it.
 
         A fresh exporter's first export otherwise pays for new host memory inside the
-        trainer's stall. Call it at start-up, outside the training step."""
+        trainer's stall. Call it at start-up, outside the training step. (An export that
+        starts while the previous one still writes needs a second set.)"""
+        with self._staging_slot() as buffers:
+            try:
+                _stage(weights, buffers)
+            finally:
+                self._give_back(buffers)
+
+    @contextlib.contextmanager
+    def _staging_slot(self) -> Iterator[dict[str, torch.Tensor]]:
+        """A free buffer set, with this thread counted as staging until the block ends."""
+        me = threading.get_ident()
         with self._lock:
             if self._closed:
                 raise BadExportInput("the exporter is closed")
             buffers = self._take_buffers()
+            self._staging[me] += 1
         try:
-            _stage(weights, buffers)
+            yield buffers
         finally:
-            self._give_back(buffers)
+            with self._lock:
+                self._staging[me] -= 1
+                if not self._staging[me]:
+                    del self._staging[me]
+                self._staged.notify_all()
 
     def cancel(self, version: int) -> bool:
         """Cancel the export of ``version`` if it is the one in flight (the CancelExport
@@ -203,8 +233,11 @@ class AsyncHFExporter:
 
     def close(self, *, cancel: bool = False) -> None:
         """Flush: wait for the export in flight to commit (or cancel it first)."""
+        me = threading.get_ident()
         with self._lock:
             self._closed = True
+            # A report callback that closes from inside export() must not wait for itself.
+            self._staged.wait_for(lambda: not set(self._staging) - {me})
             job = self._current
         if cancel and job is not None:
             job.handle.cancel()
@@ -260,7 +293,6 @@ class AsyncHFExporter:
             job.handle.future.set_result(result)
 
     def _hash_tensor(self, job: _Job, t: torch.Tensor) -> str:
-        self._check(job)
         return tensor_sha256(t, lambda: self._check(job))
 
     def _check(self, job: _Job) -> None:
@@ -275,8 +307,8 @@ class AsyncHFExporter:
             if len(shards) == 1
             else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
         )
-        futures: list[Future[tuple[int, str]]] = []
-        hashes: dict[str, Future[str]] = {}
+        futures: list[Future[Any]] = []  # (size, sha256) of each shard file
+        hashes: dict[str, Future[Any]] = {}  # sha256 of each tensor
         try:
             for name, shard in zip(names, shards, strict=True):
                 futures.append(
@@ -298,10 +330,9 @@ class AsyncHFExporter:
             # A pool refused work: stop what was already submitted before the caller
             # removes the directory and reuses the buffers those tasks still read.
             job.abort.set()
-            submitted: list[Future[Any]] = [*futures, *hashes.values()]
-            wait(submitted)
+            wait([*futures, *hashes.values()])
             raise
-        everything: list[Future[Any]] = [*futures, *hashes.values()]
+        everything = [*futures, *hashes.values()]
         _, pending = wait(everything, return_when=FIRST_EXCEPTION)
         if pending:
             # One task failed: stop the others and let them finish before the caller
@@ -394,8 +425,11 @@ class AsyncHFExporter:
 
     def _give_back(self, buffers: dict[str, torch.Tensor]) -> None:
         with self._lock:
-            if len(self._free_buffers) < 2:
-                self._free_buffers.append(buffers)
+            self._give_back_locked(buffers)
+
+    def _give_back_locked(self, buffers: dict[str, torch.Tensor]) -> None:
+        if len(self._free_buffers) < 2:
+            self._free_buffers.append(buffers)
 
 
 HASH_NICENESS = 5
@@ -417,50 +451,74 @@ def _lower_priority() -> None:
 def _stage(
     weights: Weights, buffers: dict[str, torch.Tensor]
 ) -> tuple[list[tuple[str, torch.Tensor]], dict[str, str]]:
-    """Copy every tensor into host buffers (reused when shape and dtype match); tensors
-    sharing storage (tied weights) are staged once and recorded as aliases."""
+    """Copy every tensor into host buffers (reused when shape, dtype and pinning match);
+    tensors sharing storage (tied weights) are staged once and recorded as aliases.
+
+    ``buffers`` (a free set) changes only on success: ``weights`` may be a one-pass iterator
+    of tensors gathered one at a time, so a bad item can show up after others were copied.
+    """
     items = weights.items() if isinstance(weights, Mapping) else weights
+    try:
+        iterator = iter(items)
+    except TypeError:
+        raise BadExportInput(
+            f"weights must be a state dict or an iterable of (name, tensor) pairs, "
+            f"got {type(weights).__name__}"
+        ) from None
     staged: list[tuple[str, torch.Tensor]] = []
+    used: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[tuple[Any, ...], str] = {}
     names: set[str] = set()
     cuda_devices: set[torch.device] = set()
-    for item in items:
-        if not (isinstance(item, tuple) and len(item) == 2):
-            raise BadExportInput(f"expected (name, tensor) pairs, got {item!r:.80}")
-        name, t = item
-        if not isinstance(name, str) or not name:
-            raise BadExportInput(f"tensor names must be non-empty strings, got {name!r}")
-        if name in names:
-            raise BadExportInput(f"tensor {name!r} appears twice")
-        if not isinstance(t, torch.Tensor):
-            raise BadExportInput(f"{name!r} is a {type(t).__name__}, expected a torch.Tensor")
-        if t.layout != torch.strided or t.device.type == "meta":
-            raise BadExportInput(f"{name!r} is a {t.layout} tensor on {t.device}: cannot export")
-        if t.dtype not in DTYPE_NAMES:
-            raise BadExportInput(f"{name!r} has dtype {t.dtype}, which safetensors cannot hold")
-        names.add(name)
-        t = t.detach()
-        if t.numel() > 0:
-            key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(),
-                   tuple(t.shape), tuple(t.stride()), t.dtype)  # fmt: skip
-            if key in seen:
-                aliases[name] = seen[key]
-                continue
-            seen[key] = name
-        buf = buffers.get(name)
-        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
-            buffers[name] = buf
-        buf.copy_(t, non_blocking=t.is_cuda)
-        if t.is_cuda:
-            cuda_devices.add(t.device)
-        staged.append((name, buf))
-    # Each device's copies were queued on its own stream: wait for every one of them.
-    for device in cuda_devices:
-        torch.cuda.synchronize(device)
-    for stale in set(buffers) - {n for n, _ in staged}:
-        del buffers[stale]
+    try:
+        for item in iterator:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise BadExportInput(f"expected (name, tensor) pairs, got {item!r:.80}")
+            name, t = item
+            if not isinstance(name, str) or not name:
+                raise BadExportInput(f"tensor names must be non-empty strings, got {name!r}")
+            if name in names:
+                raise BadExportInput(f"tensor {name!r} appears twice")
+            if not isinstance(t, torch.Tensor):
+                raise BadExportInput(f"{name!r} is a {type(t).__name__}, expected a torch.Tensor")
+            if t.layout != torch.strided or t.device.type == "meta":
+                raise BadExportInput(
+                    f"{name!r} is a {t.layout} tensor on {t.device}: cannot export"
+                )
+            if t.dtype not in DTYPE_NAMES:
+                raise BadExportInput(f"{name!r} has dtype {t.dtype}, which safetensors cannot hold")
+            names.add(name)
+            t = t.detach()
+            if t.numel() > 0:
+                key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(),
+                       tuple(t.shape), tuple(t.stride()), t.dtype)  # fmt: skip
+                if key in seen:
+                    aliases[name] = seen[key]
+                    continue
+                seen[key] = name
+            buf = buffers.get(name)
+            if (
+                buf is None
+                or buf.shape != t.shape
+                or buf.dtype != t.dtype
+                or buf.is_pinned() != t.is_cuda
+            ):
+                buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+            buf.copy_(t, non_blocking=t.is_cuda)
+            if t.is_cuda:
+                cuda_devices.add(t.device)
+            used[name] = buf
+            staged.append((name, buf))
+    finally:
+        # Each device's copies were queued on its own stream: wait for every one of them,
+        # also on failure, before any of these buffers can be handed out again.
+        for device in cuda_devices:
+            torch.cuda.synchronize(device)
+    if not staged:
+        raise BadExportInput("weights hold no tensors to export")
+    buffers.clear()
+    buffers.update(used)
     return staged, aliases
 
 

@@ -81,9 +81,10 @@ def write_file(
 ) -> tuple[int, str]:
     """Write one safetensors file; returns (size, sha256 of the file).
 
-    ``check`` runs before each tensor and each chunk of a large one, and may raise to stop
+    ``check`` runs before the file is opened and before every chunk, and may raise to stop
     the write (cancellation).
     """
+    check()  # a shard queued behind a failed one never starts
     head = header_bytes(tensors, metadata or {"format": "pt"})
     hasher = _SequentialHasher()
     writeback = _Writeback() if fsync else None
@@ -94,11 +95,9 @@ def write_file(
             hasher.feed(memoryview(head))
             size = len(head)
             for _name, t in tensors:
-                check()
                 data = raw_bytes(t)
                 for start in range(0, len(data), CHUNK):
-                    if start:
-                        check()  # a tensor of several GB must not delay a cancel
+                    check()  # per chunk: a tensor of several GB must not delay a cancel
                     chunk = data[start : start + CHUNK]
                     hasher.feed(chunk)
                     f.write(chunk)
