@@ -30,7 +30,7 @@ from transformers.utils import logging as hf_logging
 
 import recovery_fsm.export.exporter as exporter_module
 from recovery_fsm.export import AsyncHFExporter
-from recovery_fsm.export.safetensors_io import raw_bytes
+from recovery_fsm.export.safetensors_io import raw_bytes, tensor_sha256
 from recovery_fsm.export.store import fsync_dir
 
 MODELS = {
@@ -98,24 +98,41 @@ class Candidate:
     before: Callable[[], None] = lambda: None  # untimed set-up
     after: Callable[[], None] = lambda: None  # untimed clean-up
     times: list[float] = field(default_factory=list)
+    clones: list[float] = field(default_factory=list)  # a clone timed just before each run
+
+
+def ratio(num: list[float], den: list[float]) -> str:
+    """Per repeat, then the median (and the range): the disk's speed drifts."""
+    rs = sorted(n / d for n, d in zip(num, den, strict=True))
+    return f"{statistics.median(rs):.2f}x ({rs[0]:.2f}-{rs[-1]:.2f})"
+
+
+def run_rotated(candidates: list[Candidate], repeat: int, clone: Callable[[], Any]) -> None:
+    """Each repeat runs every candidate once, in an order rotated by one per repeat, each
+    after the same steps (a timed clone, then its set-up), so the disk's drift and the
+    position in the sequence hit all candidates alike (evenly when ``repeat`` is a multiple
+    of the number of candidates)."""
+    for r in range(repeat):
+        shift = r % len(candidates)
+        for c in candidates[shift:] + candidates[:shift]:
+            gc.collect()
+            c.clones.append(_timed(clone))
+            gc.collect()
+            c.before()
+            c.times.append(_timed(c.run))
+            c.after()
 
 
 def bench(name: str, work: Path, repeat: int) -> None:
-    """Each repeat runs every candidate once, in an order rotated by one per repeat, each
-    after the same clean-up, so the disk's drift and the position in the sequence hit all
-    candidates alike (evenly when ``repeat`` is a multiple of the number of candidates)."""
     model, cfg, sd, unique = _model(name)
     total = sum(t.numel() * t.element_size() for t in unique)
     print(f"\n== {name}: {sum(t.numel() for t in unique) / 1e6:.0f}M parameters, "
           f"{total / 1e6:.0f} MB (fp32), {repeat} repeats")  # fmt: skip
 
-    # Stalls, each paired with a clone timed just before it in the same repeat.
-    stalls: dict[str, list[float]] = {"clone": [], "warm": [], "fresh clone": [], "cold": []}
+    stalls: dict[str, list[float]] = {"warm": [], "cold": []}
 
-    def clone_into(key: str) -> None:
-        gc.collect()
-        stalls[key].append(_timed(lambda: {k: v.clone() for k, v in sd.items()}))
-        gc.collect()
+    def clone() -> list[torch.Tensor]:
+        return [t.clone() for t in unique]  # each stored tensor once, as the exporter stages
 
     def export_timing_stall(ex: AsyncHFExporter, version: int, key: str) -> None:
         t0 = time.perf_counter()
@@ -132,7 +149,6 @@ def bench(name: str, work: Path, repeat: int) -> None:
     fresh: list[AsyncHFExporter] = []
 
     def fresh_before() -> None:
-        clone_into("fresh clone")
         fresh.append(AsyncHFExporter(work / "fresh", max_shard_size="2GB", write_threads=2))
 
     def fresh_after() -> None:
@@ -147,7 +163,6 @@ def bench(name: str, work: Path, repeat: int) -> None:
     exporter = Candidate(
         "exporter, export() to committed + fsync",
         lambda: export_timing_stall(ours, next(versions), "warm"),
-        before=lambda: clone_into("clone"),
         after=lambda: _clear(work / "ours"),
     )
     candidates = [
@@ -180,27 +195,20 @@ def bench(name: str, work: Path, repeat: int) -> None:
         ),
     ]
     try:
-        for r in range(repeat):
-            shift = r % len(candidates)
-            for c in candidates[shift:] + candidates[:shift]:
-                c.before()
-                c.times.append(_timed(c.run))
-                c.after()
+        run_rotated(candidates, repeat, clone)
     finally:
         ours.close()
-
+    fresh_first = candidates[1]
+    raw = next(c for c in candidates if c.label.startswith("raw sequential"))
     med = statistics.median
+    clones = [t for c in candidates for t in c.clones]
+    hash_s = _timed(lambda: [tensor_sha256(t) for t in unique])
 
-    def ratio(num: list[float], den: list[float]) -> str:
-        # Per repeat, then the median (and the range): the disk's speed drifts.
-        rs = sorted(n / d for n, d in zip(num, den, strict=True))
-        return f"{med(rs):.2f}x ({rs[0]:.2f}-{rs[-1]:.2f})"
-
-    print(f"  stall  {'clone of the state dict (limit)':<40} {med(stalls['clone']):7.3f} s")
+    print(f"  stall  {'clone of the state dict (limit)':<40} {med(clones):7.3f} s")
     print(f"         {'export(), reused staging buffers':<40} {med(stalls['warm']):7.3f} s   "
-          f"{ratio(stalls['warm'], stalls['clone'])} clone")  # fmt: skip
+          f"{ratio(stalls['warm'], exporter.clones)} clone")  # fmt: skip
     print(f"         {'export(), fresh exporter (allocates)':<40} {med(stalls['cold']):7.3f} s   "
-          f"{ratio(stalls['cold'], stalls['fresh clone'])} clone")  # fmt: skip
+          f"{ratio(stalls['cold'], fresh_first.clones)} clone")  # fmt: skip
     print(f"  write  {exporter.label:<40} {med(exporter.times):7.3f} s "
           f"{total / med(exporter.times) / 1e6:6.0f} MB/s")  # fmt: skip
     for c in candidates[1:]:
@@ -208,6 +216,10 @@ def bench(name: str, work: Path, repeat: int) -> None:
               f"{total / med(c.times) / 1e6:6.0f} MB/s   "
               f"exporter takes {ratio(exporter.times, c.times)} this")  # fmt: skip
     print("  (ratios: median and range over repeats of the ratio within one repeat)")
+    for c in (fresh_first, candidates[3]):
+        print(f"  {c.label} takes {ratio(c.times, raw.times)} the raw write")
+    print(f"  sha256 on one thread: {total / hash_s / 1e6:.0f} MB/s (the exporter hashes each "
+          f"byte twice, on separate threads)")  # fmt: skip
 
 
 def _clear(root: Path) -> None:

@@ -2,23 +2,24 @@
 
     .venv/bin/python benchmarks/bench_fresh_exporter.py [--size large] [--repeat 5]
 
-Five candidates, rotated per repeat and each after the same clean-up: a raw write + fsync
-of the same bytes; a long-lived exporter; and a fresh exporter's first export, allocating
-its staging buffers, after ``reserve()`` allocated them at "start-up" (untimed), or handed
-the long-lived one's buffers. Ratios are to the raw write within one repeat (median, range).
+Five candidates, rotated per repeat as in ``bench_export.py``: a raw write + fsync of the
+same bytes; a long-lived exporter; and a fresh exporter's first export, allocating its
+staging buffers, after ``reserve()`` allocated them at "start-up" (untimed), or handed the
+long-lived one's buffers. Each exporter's time runs from the ``export()`` call to the commit;
+its stall (the ``export()`` call alone) is printed beside it.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import shutil
 import statistics
 import tempfile
-from collections.abc import Callable
+import time
 from pathlib import Path
 
-from bench_export import _clear, _model, _raw_write, _remove, _timed
+import torch
+from bench_export import Candidate, _clear, _model, _raw_write, _remove, ratio, run_rotated
 
 from recovery_fsm.export import AsyncHFExporter
 
@@ -35,60 +36,61 @@ def main() -> None:
     for _ in range(2):  # past its first exports
         kept.export(next(versions), sd, config=cfg).result()
         _clear(work / "kept")
-    times: dict[str, list[float]] = {}
+    stalls: dict[str, list[float]] = {}
+    fresh: list[AsyncHFExporter] = []
 
-    def raw() -> None:
-        times.setdefault("raw write + fsync", []).append(
-            _timed(lambda: _raw_write(work / "raw.bin", unique))
-        )
-        _remove(work / "raw.bin")
+    def export(ex: AsyncHFExporter, version: int, label: str) -> None:
+        t0 = time.perf_counter()
+        handle = ex.export(version, sd, config=cfg)
+        stalls.setdefault(label, []).append(time.perf_counter() - t0)
+        handle.result()
 
-    def long_lived() -> None:
-        times.setdefault("long-lived exporter", []).append(
-            _timed(lambda: kept.export(next(versions), sd, config=cfg).result())
-        )
-        _clear(work / "kept")
-
-    def fresh(buffers: str) -> Callable[[], None]:
-        label = {
-            "own": "fresh exporter, its own new buffers",
-            "reserved": "fresh exporter after reserve()",
-            "borrowed": "fresh exporter, borrowed buffers",
-        }[buffers]
-        borrow = buffers == "borrowed"
-
-        def run() -> None:
+    def fresh_candidate(buffers: str, label: str) -> Candidate:
+        def before() -> None:
             ex = AsyncHFExporter(work / "fresh", max_shard_size="2GB")
-            if borrow:
+            if buffers == "borrowed":
                 ex._free_buffers.append(kept._free_buffers.pop())
-            if buffers == "reserved":
-                ex.reserve(sd)  # untimed, as at start-up
-            times.setdefault(label, []).append(
-                _timed(lambda: ex.export(1, sd, config=cfg).result())
-            )
-            if borrow:
+            elif buffers == "reserved":
+                ex.reserve(sd)  # as at start-up
+            fresh.append(ex)
+
+        def after() -> None:
+            ex = fresh.pop()
+            if buffers == "borrowed":
                 kept._free_buffers.append(ex._free_buffers.pop())
             ex.close()
             _remove(work / "fresh")
-            gc.collect()
 
-        return run
+        return Candidate(label, lambda: export(fresh[-1], 1, label), before=before, after=after)
 
-    candidates = [raw, long_lived, fresh("own"), fresh("reserved"), fresh("borrowed")]
+    raw = Candidate(
+        "raw write + fsync",
+        lambda: _raw_write(work / "raw.bin", unique),
+        after=lambda: _remove(work / "raw.bin"),
+    )
+    candidates = [
+        raw,
+        Candidate(
+            "long-lived exporter",
+            lambda: export(kept, next(versions), "long-lived exporter"),
+            after=lambda: _clear(work / "kept"),
+        ),
+        fresh_candidate("own", "fresh exporter, its own new buffers"),
+        fresh_candidate("reserved", "fresh exporter after reserve()"),
+        fresh_candidate("borrowed", "fresh exporter, borrowed buffers"),
+    ]
     try:
-        for r in range(a.repeat):
-            shift = r % len(candidates)
-            for run in candidates[shift:] + candidates[:shift]:
-                run()
+        run_rotated(candidates, a.repeat, lambda: [t.clone() for t in unique])
     finally:
         kept.close()
         shutil.rmtree(work, ignore_errors=True)
-    base = times["raw write + fsync"]
-    print(f"{a.size} model, {a.repeat} repeats")
-    for label, ts in times.items():
-        rs = sorted(t / b for t, b in zip(ts, base, strict=True))
-        print(f"  {label:<38} {statistics.median(ts):7.3f} s   "
-              f"{statistics.median(rs):.2f}x ({rs[0]:.2f}-{rs[-1]:.2f}) raw")  # fmt: skip
+    med = statistics.median
+    print(f"{a.size} model, {a.repeat} repeats; torch threads: {torch.get_num_threads()}")
+    for c in candidates:
+        line = f"  {c.label:<38} {med(c.times):7.3f} s   {ratio(c.times, raw.times)} raw"
+        if c.label in stalls:
+            line += f"   stall {ratio(stalls[c.label], c.clones)} clone"
+        print(line)
 
 
 if __name__ == "__main__":
