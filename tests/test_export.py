@@ -180,18 +180,27 @@ def test_close_during_staging_flushes_that_export(model: Any, tmp_path: Path) ->
 def test_a_report_refusing_started_keeps_the_export_from_running(
     model: Any, tmp_path: Path
 ) -> None:
+    """The refused export never runs, and the one in flight goes on as if it had not come."""
+
     class Refuses(RuntimeError):
         pass
 
+    refuse = {2}
+
     def report(cls: type, **fields: Any) -> None:
-        if cls is ev.ExportStarted:
+        if cls is ev.ExportStarted and fields["version"] in refuse:
             raise Refuses("the controller refused ExportStarted")
 
-    with AsyncHFExporter(tmp_path, report=report) as ex:
-        with pytest.raises(Refuses):
-            ex.export(1, model.state_dict())
-        assert ex._current is None and len(ex._free_buffers) == 1
-    assert list(tmp_path.iterdir()) == []
+    ex = AsyncHFExporter(tmp_path, report=report, max_shard_size="20KB", write_threads=1,
+                         opener=lambda p: SlowFile(p, 0.02))  # fmt: skip
+    first = ex.export(1, model.state_dict())
+    with pytest.raises(Refuses):
+        ex.export(2, model.state_dict())
+    assert first.result(60) == tmp_path / "step-1"  # not cancelled by the refused one
+    refuse.clear()
+    assert ex.export(2, model.state_dict()).result(60) == tmp_path / "step-2"
+    ex.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1", "step-2"]
 
 
 def test_a_failed_renice_costs_only_the_priority(

@@ -179,15 +179,19 @@ class AsyncHFExporter:
                         f"versions must increase: got {version} after {self._last_version}"
                     )
                 previous, self._current = self._current, job
-                self._last_version = version
-            if previous is not None:
-                previous.handle.cancel()
+                last, self._last_version = self._last_version, version
             try:
                 self._send(ev.ExportStarted, version=version, pinned=pinned)
             except BaseException as err:
-                # The controller never heard of this export: it must not run.
+                # The controller never heard of this export: it must not run, and the one
+                # it would have replaced goes on as if this call had not happened.
+                with self._lock:
+                    if self._current is job:
+                        self._current, self._last_version = previous, last
                 self._finish(job, error=err)
                 raise
+            if previous is not None:
+                previous.handle.cancel()
             self._orchestrator.submit(self._run, job)
         return handle
 
