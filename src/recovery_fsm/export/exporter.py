@@ -158,10 +158,7 @@ class AsyncHFExporter:
         if type(version) is not int or version < 0:
             raise BadExportInput(f"version must be an int >= 0, got {version!r}")
         with self._lock:
-            if self._last_version is not None and version <= self._last_version:
-                raise BadExportInput(
-                    f"versions must increase: got {version} after {self._last_version}"
-                )
+            self._check_order(version)  # before staging, so a refusal costs no copy
         with self._staging_slot() as buffers:
             try:
                 tensors, aliases = _stage(weights, buffers)
@@ -173,11 +170,11 @@ class AsyncHFExporter:
             handle = ExportHandle(version, Future(), threading.Event())
             job = _Job(version, tensors, aliases, buffers, config_json, gen_json, tokenizer, handle)
             with self._lock:
-                if self._last_version is not None and version <= self._last_version:
+                try:
+                    self._check_order(version)  # again: another thread may have exported
+                except BadExportInput:
                     self._give_back_locked(buffers)
-                    raise BadExportInput(
-                        f"versions must increase: got {version} after {self._last_version}"
-                    )
+                    raise
                 previous, self._current = self._current, job
                 last, self._last_version = self._last_version, version
             try:
@@ -206,6 +203,12 @@ class AsyncHFExporter:
                 _stage(weights, buffers)
             finally:
                 self._give_back(buffers)
+
+    def _check_order(self, version: int) -> None:
+        if self._last_version is not None and version <= self._last_version:
+            raise BadExportInput(
+                f"versions must increase: got {version} after {self._last_version}"
+            )
 
     @contextlib.contextmanager
     def _staging_slot(self) -> Iterator[dict[str, torch.Tensor]]:
