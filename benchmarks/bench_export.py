@@ -107,6 +107,16 @@ def ratio(num: list[float], den: list[float]) -> str:
     return f"{statistics.median(rs):.2f}x ({rs[0]:.2f}-{rs[-1]:.2f})"
 
 
+def export_until_committed(
+    ex: AsyncHFExporter, version: int, sd: Any, cfg: Any, stalls: list[float]
+) -> None:
+    """One export, waited for until it commits; its stall (the call alone) goes to ``stalls``."""
+    t0 = time.perf_counter()
+    handle = ex.export(version, sd, config=cfg)
+    stalls.append(time.perf_counter() - t0)
+    handle.result()
+
+
 def run_rotated(candidates: list[Candidate], repeat: int, clone: Callable[[], Any]) -> None:
     """Each repeat runs every candidate once, in an order rotated by one per repeat, each
     after the same steps (a timed clone, then its set-up), so the disk's drift and the
@@ -134,12 +144,6 @@ def bench(name: str, work: Path, repeat: int) -> None:
     def clone() -> list[torch.Tensor]:
         return [t.clone() for t in unique]  # each stored tensor once, as the exporter stages
 
-    def export_timing_stall(ex: AsyncHFExporter, version: int, key: str) -> None:
-        t0 = time.perf_counter()
-        handle = ex.export(version, sd, config=cfg)
-        stalls[key].append(time.perf_counter() - t0)
-        handle.result()
-
     # The long-lived exporter, as in training, past its first exports.
     ours = AsyncHFExporter(work / "ours", max_shard_size="2GB", write_threads=2)
     versions = iter(range(1, 10**6))
@@ -162,14 +166,14 @@ def bench(name: str, work: Path, repeat: int) -> None:
 
     exporter = Candidate(
         "exporter, export() to committed + fsync",
-        lambda: export_timing_stall(ours, next(versions), "warm"),
+        lambda: export_until_committed(ours, next(versions), sd, cfg, stalls["warm"]),
         after=lambda: _clear(work / "ours"),
     )
     candidates = [
         exporter,
         Candidate(
             "a fresh exporter's first export",
-            lambda: export_timing_stall(fresh[-1], 1, "cold"),
+            lambda: export_until_committed(fresh[-1], 1, sd, cfg, stalls["cold"]),
             before=fresh_before,
             after=fresh_after,
         ),

@@ -15,11 +15,19 @@ import argparse
 import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from bench_export import Candidate, _clear, _model, _raw_write, _remove, ratio, run_rotated
+from bench_export import (
+    Candidate,
+    _clear,
+    _model,
+    _raw_write,
+    _remove,
+    export_until_committed,
+    ratio,
+    run_rotated,
+)
 
 from recovery_fsm.export import AsyncHFExporter
 
@@ -40,10 +48,7 @@ def main() -> None:
     fresh: list[AsyncHFExporter] = []
 
     def export(ex: AsyncHFExporter, version: int, label: str) -> None:
-        t0 = time.perf_counter()
-        handle = ex.export(version, sd, config=cfg)
-        stalls.setdefault(label, []).append(time.perf_counter() - t0)
-        handle.result()
+        export_until_committed(ex, version, sd, cfg, stalls.setdefault(label, []))
 
     def fresh_candidate(buffers: str, label: str) -> Candidate:
         def before() -> None:
