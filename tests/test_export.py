@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -23,6 +24,7 @@ from recovery_fsm.export import (
     MANIFEST,
     AsyncHFExporter,
     CheckpointStore,
+    FailedReport,
     digest_of,
     load_checkpoint,
     load_model,
@@ -420,6 +422,105 @@ def test_writer_fault_ends_failed_and_keeps_the_committed_one(
     assert str(error.strerror) in rec.events[-1][1]["error"]
     assert _leftovers(tmp_path) == [] and not (tmp_path / "step-2").exists()
     assert load_checkpoint(good, verify="full").version == 1
+
+
+class ReportRaises(Recorder):
+    """Records every event, then raises on the chosen (event name, version) pairs."""
+
+    def __init__(self, *on: tuple[str, int]) -> None:
+        super().__init__()
+        self.on = set(on)
+        self.raised: list[BaseException] = []
+
+    def __call__(self, cls: type, **fields: Any) -> None:
+        super().__call__(cls, **fields)
+        if (cls.__name__, fields["version"]) in self.on:
+            self.raised.append(RuntimeError(f"adapter lost {cls.__name__}"))
+            raise self.raised[-1]
+
+
+def _logged(caplog: pytest.LogCaptureFixture) -> list[tuple[str, BaseException | None]]:
+    return [
+        (r.getMessage(), r.exc_info[1] if r.exc_info else None)
+        for r in caplog.records
+        if r.name == "recovery_fsm.export.exporter" and r.levelno == logging.ERROR
+    ]
+
+
+TINY = {"w": torch.arange(8, dtype=torch.float32), "b": torch.ones(3)}
+
+
+def test_a_report_raising_on_committed_is_logged_and_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rep = ReportRaises(("ExportCommitted", 1))
+    ex = AsyncHFExporter(tmp_path, report=rep)
+    assert ex.export(1, TINY).result(60) == tmp_path / "step-1"
+    ex.close()  # the report follows the future: close() waits for it
+    (err,) = rep.raised
+    assert ex.report_errors == (FailedReport("ExportCommitted", 1, err),)
+    [(message, logged)] = _logged(caplog)
+    assert logged is err and "ExportCommitted" in message and "version=1" in message
+    assert load_checkpoint(tmp_path / "step-1", verify="full").version == 1
+    assert CheckpointStore(tmp_path).scan().committed == {1: tmp_path / "step-1"}
+
+
+def test_a_report_raising_on_failed_keeps_the_failure(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rep = ReportRaises(("ExportFailed", 2))
+    ex = AsyncHFExporter(tmp_path, report=rep)
+    ex.export(1, TINY).result(60)
+    ex._opener = FailingOpener(1, OSError(28, "No space left on device"))
+    bad = ex.export(2, TINY)
+    failure = bad.exception(60)
+    assert isinstance(failure, OSError) and failure.errno == 28  # not the report's error
+    ex.close()
+    (err,) = rep.raised
+    assert ex.report_errors == (FailedReport("ExportFailed", 2, err),)
+    assert [logged for _, logged in _logged(caplog)] == [err]
+    assert rep.kinds() == ["ExportStarted", "ExportCommitted", "ExportStarted", "ExportFailed"]
+    assert _leftovers(tmp_path) == [] and not (tmp_path / "step-2").exists()
+    assert CheckpointStore(tmp_path).scan().committed == {1: tmp_path / "step-1"}
+
+
+def test_a_report_raising_on_cancelled_keeps_the_cancellation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gate = threading.Event()
+
+    def opener(path: Any) -> Any:
+        gate.wait(30)  # the writer waits here until the cancel is in
+        return open(path, "xb")
+
+    rep = ReportRaises(("ExportCancelled", 1))
+    ex = AsyncHFExporter(tmp_path, report=rep, opener=opener)
+    first = ex.export(1, TINY)
+    assert ex.cancel(1)
+    gate.set()
+    with pytest.raises(ExportCancelledError):
+        first.result(60)
+    ex.close()
+    (err,) = rep.raised
+    assert ex.report_errors == (FailedReport("ExportCancelled", 1, err),)
+    assert [logged for _, logged in _logged(caplog)] == [err]
+    assert _leftovers(tmp_path) == [] and not (tmp_path / "step-1").exists()
+
+
+def test_exports_after_a_raising_report_still_work(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rep = ReportRaises(("ExportCommitted", 1))
+    with AsyncHFExporter(tmp_path, report=rep) as ex:
+        ex.export(1, TINY).result(60)
+        second = ex.export(2, {k: v * 2 for k, v in TINY.items()})
+        assert second.result(60) == tmp_path / "step-2"
+    assert rep.kinds() == ["ExportStarted", "ExportCommitted"] * 2
+    assert [(e.event, e.version) for e in ex.report_errors] == [("ExportCommitted", 1)]
+    assert len(_logged(caplog)) == 1
+    loaded = load_checkpoint(tmp_path / "step-2", verify="full")
+    assert torch.equal(loaded.state_dict["w"], TINY["w"] * 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1", "step-2"]
 
 
 def test_unserializable_tensor_is_refused_before_anything_starts(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Asynchronous Hugging Face export and loading of recovery checkpoints (extra ``[torch]``)."""
 
-from .exporter import AsyncHFExporter, ExportHandle, parse_size
+from .exporter import AsyncHFExporter, ExportHandle, FailedReport, parse_size
 from .loader import LoadedCheckpoint, digest_of, load_checkpoint, load_model
 from .store import MANIFEST, CheckpointStore, ScanReport
 
@@ -9,6 +9,7 @@ __all__ = [
     "AsyncHFExporter",
     "CheckpointStore",
     "ExportHandle",
+    "FailedReport",
     "LoadedCheckpoint",
     "ScanReport",
     "digest_of",

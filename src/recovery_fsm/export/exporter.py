@@ -11,6 +11,7 @@ import collections
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -18,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import attrs
 import torch
@@ -34,6 +35,8 @@ Weights = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+
+_log = logging.getLogger(__name__)
 
 
 def parse_size(size: int | str) -> int:
@@ -80,6 +83,15 @@ class ExportHandle:
         self._cancel.set()
 
 
+class FailedReport(NamedTuple):
+    """A ``report`` call from the writer thread that raised. Nobody waits on that thread, so
+    the exporter keeps it (and logs it) instead of letting the pool swallow it."""
+
+    event: str  # the event class's name: "ExportCommitted", "ExportFailed", "ExportCancelled"
+    version: int
+    error: BaseException
+
+
 @attrs.define(eq=False)
 class _Job:
     version: int
@@ -101,7 +113,15 @@ class AsyncHFExporter:
     the caller's thread, then ExportCommitted, ExportFailed or ExportCancelled from the writer.
     ``write_threads`` shards are written at once, and as many threads (niced +5 on Linux)
     hash tensors for the weights digest beside them.
+
+    If ``report`` raises on ExportStarted, ``export`` raises it and that export never runs.
+    If it raises on the writer's outcome, the export's own outcome stands (the handle resolves
+    and the checkpoint stays committed as if it had not), and the error is logged to this
+    module's logger and kept in ``report_errors``.
     """
+
+    # How many FailedReports report_errors keeps (the latest); every one of them is logged.
+    REPORT_ERRORS_KEPT = 100
 
     def __init__(
         self,
@@ -131,6 +151,9 @@ class AsyncHFExporter:
         self._staged = threading.Condition(self._lock)
         self._current: _Job | None = None
         self._last_version: int | None = None
+        self._report_errors: collections.deque[FailedReport] = collections.deque(
+            maxlen=self.REPORT_ERRORS_KEPT
+        )
         self._free_buffers: list[dict[str, torch.Tensor]] = []
         self._closed = False
         # One orchestrator: a new job queues behind the one it cancelled, so at most one
@@ -252,6 +275,14 @@ class AsyncHFExporter:
         self._writers.shutdown(wait=True)
         self._hashers.shutdown(wait=True)
 
+    @property
+    def report_errors(self) -> tuple[FailedReport, ...]:
+        """The writer thread's ``report`` calls that raised, oldest first (the latest
+        ``REPORT_ERRORS_KEPT``). One for an outcome lands shortly after its handle resolves:
+        ``close()`` first to see them all."""
+        with self._lock:
+            return tuple(self._report_errors)
+
     def __enter__(self) -> AsyncHFExporter:
         return self
 
@@ -276,20 +307,24 @@ class AsyncHFExporter:
         except ExportCancelledError as err:
             shutil.rmtree(tmp, ignore_errors=True)
             self._finish(job, error=err)
-            self._send(ev.ExportCancelled, version=job.version)
+            self._send_outcome(ev.ExportCancelled, job.version)
         except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
             self._finish(job, error=err)
-            self._send(ev.ExportFailed, version=job.version, error=f"{type(err).__name__}: {err}")
+            self._send_outcome(ev.ExportFailed, job.version, error=f"{type(err).__name__}: {err}")
         else:
             self._finish(job, result=final)
-            self._send(ev.ExportCommitted, version=job.version, path=str(final))
+            self._send_outcome(ev.ExportCommitted, job.version, path=str(final))
 
     def _finish(
         self, job: _Job, *, result: Path | None = None, error: BaseException | None = None
     ) -> None:
         job.tensors = []
         self._give_back(job.buffers)
+        # A traceback that outlives the job (in its future, in report_errors) holds the job
+        # through its frames: it must not also hold a buffer set that was not kept for reuse.
+        job.buffers = {}
+        job.tokenizer = None
         with self._lock:
             if self._current is job:
                 self._current = None
@@ -424,6 +459,20 @@ class AsyncHFExporter:
     def _send(self, cls: type[ev.Event], **fields: Any) -> None:
         if self._report is not None:
             self._report(cls, **fields)
+
+    def _send_outcome(self, cls: type[ev.Event], version: int, **fields: Any) -> None:
+        """Report from the writer thread, after the outcome is recorded. An error here could
+        reach nobody (the orchestrator's futures are not kept), so it is logged and kept."""
+        try:
+            self._send(cls, version=version, **fields)
+        except BaseException as err:  # even SystemExit: this thread has no caller to stop
+            with self._lock:
+                self._report_errors.append(FailedReport(cls.__name__, version, err))
+            _log.error(
+                "report(%s, version=%d) raised in the export writer thread; the export's "
+                "own outcome is unaffected, the error is kept in report_errors",
+                cls.__name__, version, exc_info=err,
+            )  # fmt: skip
 
     # -- staging buffers -------------------------------------------------------------------
 
