@@ -76,9 +76,14 @@ def text_outputs() -> dict[str, str]:
     return out
 
 
+def dot_program() -> str | None:
+    """Path of Graphviz ``dot`` found on PATH, or None on a machine without Graphviz."""
+    return shutil.which("dot")
+
+
 def render_svg(dot_text: str) -> str | None:
     """SVG from Graphviz, or None when ``dot`` is not installed."""
-    dot = shutil.which("dot")
+    dot = dot_program()
     if dot is None:
         return None
     done = subprocess.run([dot, "-Tsvg"], input=dot_text.encode(), capture_output=True, check=True)
@@ -118,15 +123,19 @@ def check(out_dir: Path) -> tuple[list[str], list[str]]:
             problems.append(f"{path} is missing")
         elif path.read_text(encoding="utf-8") != text:
             problems.append(f"{path} differs from the code")
-    for name, text in texts.items():
-        if not name.endswith(".dot"):
-            continue
+    dots = {name: text for name, text in texts.items() if name.endswith(".dot")}
+    if dots and dot_program() is None:
+        # write() could not have rendered them here either: demanding SVGs would fail every
+        # fresh machine. Their .dot sources were compared above; CI has Graphviz.
+        notes.append("Graphviz `dot` not found: SVG files not compared (their .dot sources were)")
+        return problems, notes
+    for name, text in dots.items():
         svg_path = out_dir / name.replace(".dot", ".svg")
         if not svg_path.exists():
             problems.append(f"{svg_path} is missing")
             continue
         svg = render_svg(text)
-        if svg is None:
+        if svg is None:  # pragma: no cover - dot vanished since dot_program() looked
             notes.append(f"Graphviz `dot` not found: {svg_path.name} not compared")
             continue
         committed = svg_path.read_text(encoding="utf-8")
