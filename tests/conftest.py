@@ -7,7 +7,7 @@ import pytest
 
 from recovery_fsm import RecoveryConfig, RecoveryController
 from recovery_fsm import events as ev
-from recovery_fsm.effects import Effect
+from recovery_fsm.effects import DeleteCheckpoint, Effect
 
 
 class Driver:
@@ -27,9 +27,19 @@ class Driver:
         assert self.c.check_invariants() == []
         return effects
 
+    def inc(self, group: str) -> int:
+        """The group's current incarnation."""
+        return self.c.incarnation(group)
+
+    def about(self, cls: type[ev.Event], group: str, **kwargs: object) -> tuple[Effect, ...]:
+        """Send an event about ``group``'s current incarnation."""
+        return self.send(cls, group, self.inc(group), **kwargs)
+
     def sync(self, version: int, groups: Iterable[str] | None = None) -> tuple[Effect, ...]:
-        names = groups if groups is not None else self.c.snapshot()["groups"].keys()
-        return self.send(ev.WeightsSynced, version, frozenset(names))
+        """Push ``version`` to every up group (or to those named), at their incarnations."""
+        up = self.c.up_groups()
+        names = up if groups is None else {g: self.inc(g) for g in groups}
+        return self.send(ev.WeightsSynced, version, names)
 
     def export(self, version: int, path: str | None = None) -> tuple[Effect, ...]:
         self.send(ev.ExportStarted, version)
@@ -38,8 +48,8 @@ class Driver:
     def step(self, version: int) -> tuple[Effect, ...]:
         """Sync to ``version`` and finish every delete it asks for, then export it."""
         for effect in self.sync(version):
-            if effect.kind == "DeleteCheckpoint":
-                self.send(ev.CheckpointDeleted, effect.version)  # type: ignore[attr-defined]
+            if isinstance(effect, DeleteCheckpoint):
+                self.send(ev.CheckpointDeleted, effect.version)
         return self.export(version)
 
 

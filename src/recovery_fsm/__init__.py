@@ -1,28 +1,30 @@
 """recovery_fsm: explicit state machines for immediate recovery of rollout worker groups."""
 
-from .controller import Lease, RecoveryConfig, RecoveryController
+from .controller import CheckpointView, GroupView, RecoveryController
 from .effects import (
     CancelExport,
     DeleteCheckpoint,
     Effect,
-    ReadmitGroup,
     RestartCold,
     RestartFromCheckpoint,
     RetireGroup,
+    RouteTraffic,
     StopGroup,
+    WithdrawTraffic,
 )
 from .errors import (
     BadExportInput,
+    ControllerBroken,
     CorruptCheckpoint,
     EventNotAllowed,
     ExportCancelledError,
     InvariantViolation,
-    LeaseError,
     MalformedEvent,
     RecoveryError,
     UnknownGroup,
     UnknownVersion,
     UnsafePath,
+    WrongIncarnation,
 )
 from .events import (
     CheckpointDeleted,
@@ -44,12 +46,15 @@ from .events import (
     Tick,
     WeightsSynced,
 )
+from .rules import Lease, RecoveryConfig, Rules
 
 __all__ = [
     "BadExportInput",
     "CancelExport",
     "CheckpointDeleted",
     "CheckpointPinned",
+    "CheckpointView",
+    "ControllerBroken",
     "CorruptCheckpoint",
     "DeleteCheckpoint",
     "Effect",
@@ -62,13 +67,12 @@ __all__ = [
     "ExportStarted",
     "GroupFailed",
     "GroupRegistered",
+    "GroupView",
     "InvariantViolation",
     "Lease",
-    "LeaseError",
     "MalformedEvent",
     "ProbeFailed",
     "ProbeOk",
-    "ReadmitGroup",
     "RecoveryConfig",
     "RecoveryController",
     "RecoveryError",
@@ -79,6 +83,8 @@ __all__ = [
     "RestartLoadFailed",
     "RestartLoaded",
     "RetireGroup",
+    "RouteTraffic",
+    "Rules",
     "Shutdown",
     "StopGroup",
     "Tick",
@@ -86,4 +92,6 @@ __all__ = [
     "UnknownVersion",
     "UnsafePath",
     "WeightsSynced",
+    "WithdrawTraffic",
+    "WrongIncarnation",
 ]

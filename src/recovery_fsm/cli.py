@@ -37,10 +37,10 @@ def _demo(_args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     from .errors import RecoveryError
-    from .replay import controller_class, replay
+    from .replay import rules_class, replay
 
     try:
-        cls = controller_class(args.controller) if args.controller else None
+        cls = rules_class(args.controller) if args.controller else None
         report = replay(args.journal, cls)
     except (RecoveryError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -51,17 +51,17 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _explore(args: argparse.Namespace) -> int:
     from .errors import RecoveryError
-    from .replay import controller_class
+    from .replay import rules_class
     from .search import explore
 
     try:
-        cls = controller_class(args.controller)
+        cls = rules_class(args.controller)
     except RecoveryError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     result = explore(
         args.depth,
-        controller=cls,
+        rules=cls,
         liveness=args.liveness,
         journal_dir=args.journal_dir,
     )

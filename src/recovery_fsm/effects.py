@@ -1,4 +1,11 @@
-"""Outputs of the controller: what an adapter must do, then report back as an event."""
+"""Outputs of the controller: what an adapter must do, then report back as an event.
+
+Process effects name the ``incarnation`` they concern; a restart effect carries the new
+incarnation, which every later report about that process must quote. Routing effects
+(``RouteTraffic``, ``WithdrawTraffic``) are emitted exactly when a group enters or leaves the
+set that may serve traffic, so a router driven by them alone never sends a request to a
+process that does not hold the fleet's current weights.
+"""
 
 from __future__ import annotations
 
@@ -14,40 +21,56 @@ class Effect:
 
 @attrs.frozen
 class RestartFromCheckpoint(Effect):
-    """Boot ``group`` from ``path`` (weights of ``version``); report RestartLoaded/LoadFailed
-    with ``lease``. The checkpoint is not deleted while the lease is live."""
+    """Start incarnation ``incarnation`` of ``group`` from ``path`` (weights of ``version``);
+    report RestartLoaded or RestartLoadFailed for it. The checkpoint is not deleted before
+    that report (or a GroupFailed for that incarnation) arrives."""
 
     group: str
+    incarnation: int
     version: int
     path: str
-    lease: str
 
 
 @attrs.frozen
 class RestartCold(Effect):
-    """Relaunch ``group`` without weights; report Relaunched or RelaunchFailed."""
+    """Start incarnation ``incarnation`` of ``group`` without weights; report Relaunched or
+    RelaunchFailed for it."""
 
     group: str
+    incarnation: int
 
 
 @attrs.frozen
-class ReadmitGroup(Effect):
-    """Route traffic to ``group`` again: it serves the current ``version``."""
+class RouteTraffic(Effect):
+    """``group``'s incarnation ``incarnation`` serves the fleet's ``version``: route to it."""
 
     group: str
+    incarnation: int
     version: int
+
+
+@attrs.frozen
+class WithdrawTraffic(Effect):
+    """Stop routing to ``group``'s incarnation ``incarnation``: it no longer serves."""
+
+    group: str
+    incarnation: int
+
+
+@attrs.frozen
+class StopGroup(Effect):
+    """Kill incarnation ``incarnation`` of ``group`` (``reason``: shutdown or a missed
+    deadline). If a start of it was in flight, report that start's outcome or GroupFailed
+    for it once it is dead."""
+
+    group: str
+    incarnation: int
+    reason: str
 
 
 @attrs.frozen
 class RetireGroup(Effect):
     """``group`` spent its restart budget: tear it down for good."""
-
-    group: str
-
-
-@attrs.frozen
-class StopGroup(Effect):
-    """Shutdown: stop ``group``."""
 
     group: str
 

@@ -29,8 +29,18 @@ class EventNotAllowed(RecoveryError):
     """The event is well formed but not allowed in the current state."""
 
 
-class LeaseError(RecoveryError):
-    """A lease released twice, or one the controller never granted."""
+class WrongIncarnation(RecoveryError):
+    """An event about a start of a group's process that is not its current one (an older
+    process, already replaced) or one never started."""
+
+
+class ControllerBroken(RecoveryError):
+    """An internal error stopped the controller for good; it refuses every later event.
+    Rebuild it by replaying its journal (see the README). ``first`` is that error."""
+
+    def __init__(self, message: str, first: BaseException) -> None:
+        super().__init__(message)
+        self.first = first
 
 
 class InvariantViolation(RecoveryError, AssertionError):

@@ -1,13 +1,17 @@
 """Inputs to the controller: frozen records sent by the trainer, health manager and adapters.
 
-Every event carries ``at``, the sender's clock in seconds; the controller never reads a clock.
-Field validation happens here, at construction, so a malformed event never reaches a machine.
+Every event carries ``at`` (keyword-only), the sender's clock in seconds; the controller never
+reads a clock. Field validation happens here, at construction, so a malformed event never
+reaches a machine. Events about a process name the ``incarnation`` they are about: the number
+the controller gave that start of the group's process (1 at registration, then one per
+restart, carried by the effect that asked for the restart).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -17,6 +21,11 @@ from .errors import MalformedEvent
 def _check_version(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
     if type(value) is not int or value < 0:
         raise MalformedEvent(f"{attr.name} must be an int >= 0, got {value!r}")
+
+
+def _check_incarnation(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) is not int or value < 1:
+        raise MalformedEvent(f"{attr.name} must be an int >= 1, got {value!r}")
 
 
 def _check_name(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
@@ -36,27 +45,40 @@ def _check_text(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         raise MalformedEvent(f"{attr.name} must be a string, got {value!r}")
 
 
-def _to_groups(value: Any) -> frozenset[str]:
-    """Any iterable of names; a bare string would silently become a set of letters."""
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise MalformedEvent(f"groups must be a set of group names, got {value!r}")
-    return frozenset(value)
+def _check_bool(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, bool):
+        raise MalformedEvent(f"{attr.name} must be True or False, got {value!r}")
 
 
-def _check_groups(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    for name in value:
-        _check_name(_inst, attr, name)
+def _to_incarnations(value: Any) -> dict[str, int]:
+    """A mapping group -> incarnation; a set of names cannot say which process got the
+    weights, so it is refused rather than guessed."""
+    if not isinstance(value, Mapping):
+        raise MalformedEvent(
+            f"groups must map each group name to the incarnation that received the weights, "
+            f"got {value!r}"
+        )
+    out: dict[str, int] = {}
+    for name, incarnation in value.items():
+        if not isinstance(name, str) or not name or name != name.strip():
+            raise MalformedEvent(f"groups must be keyed by group names, got {name!r}")
+        if type(incarnation) is not int or incarnation < 1:
+            raise MalformedEvent(
+                f"groups[{name!r}] must be an incarnation (int >= 1), got {incarnation!r}"
+            )
+        out[name] = incarnation
+    return dict(sorted(out.items()))
 
 
-_time = attrs.field(validator=_check_time)
+_time = attrs.field(validator=_check_time, kw_only=True)
+_version = attrs.field(validator=_check_version)
+_group = attrs.field(validator=_check_name)
+_incarnation = attrs.field(validator=_check_incarnation)
 
 
 @attrs.frozen
 class Event:
     """Base class; ``kind`` names the event in the journal."""
-
-    if TYPE_CHECKING:  # every event has it; declared per class to keep field order natural
-        at: float
 
     @property
     def kind(self) -> str:
@@ -68,12 +90,12 @@ class Event:
 
 @attrs.frozen
 class WeightsSynced(Event):
-    """The trainer pushed weight ``version`` to exactly the groups in ``groups``."""
+    """The trainer pushed weight ``version`` to exactly the processes in ``groups``
+    (group name -> incarnation). An entry for an older incarnation does not count: that
+    process is gone, and its successor never received the weights."""
 
-    version: int = attrs.field(validator=_check_version)
-    groups: frozenset[str] = attrs.field(
-        converter=_to_groups, validator=_check_groups, repr=lambda g: repr(sorted(g))
-    )
+    version: int = _version
+    groups: dict[str, int] = attrs.field(converter=_to_incarnations, hash=False)
     at: float = _time
 
 
@@ -81,24 +103,24 @@ class WeightsSynced(Event):
 class ExportStarted(Event):
     """The exporter began writing the recovery checkpoint of ``version``."""
 
-    version: int = attrs.field(validator=_check_version)
+    version: int = _version
+    pinned: bool = attrs.field(default=False, validator=_check_bool)
     at: float = _time
-    pinned: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 @attrs.frozen
 class ExportCommitted(Event):
     """The checkpoint of ``version`` was renamed into place at ``path``."""
 
-    version: int = attrs.field(validator=_check_version)
+    version: int = _version
     path: str = attrs.field(validator=_check_name)
     at: float = _time
 
 
 @attrs.frozen
 class ExportFailed(Event):
-    version: int = attrs.field(validator=_check_version)
-    error: str = attrs.field(validator=_check_text)
+    version: int = _version
+    error: str = attrs.field(default="", validator=_check_text)
     at: float = _time
 
 
@@ -106,7 +128,7 @@ class ExportFailed(Event):
 class ExportCancelled(Event):
     """The exporter confirmed that it stopped writing ``version`` and removed its files."""
 
-    version: int = attrs.field(validator=_check_version)
+    version: int = _version
     at: float = _time
 
 
@@ -114,7 +136,15 @@ class ExportCancelled(Event):
 class CheckpointPinned(Event):
     """The user keeps checkpoint ``version`` (e.g. it is a regular HF save): never delete it."""
 
-    version: int = attrs.field(validator=_check_version)
+    version: int = _version
+    at: float = _time
+
+
+@attrs.frozen
+class CheckpointDeleted(Event):
+    """The adapter removed checkpoint ``version`` from disk."""
+
+    version: int = _version
     at: float = _time
 
 
@@ -125,81 +155,80 @@ class Shutdown(Event):
 
 @attrs.frozen
 class Tick(Event):
-    """Time passes; lets deadlines (such as waiting for an export) fire."""
+    """Time passes: deadlines (waiting for an export, a load, a relaunch) fire on it. The
+    runtime sends it on an interval well under the shortest deadline (e.g. every second)."""
 
     at: float = _time
 
 
-# -- from the health manager and the runtime --------------------------------------------------
+# -- from the health manager and the runtime, about one incarnation of a group --------------
 
 
 @attrs.frozen
 class GroupRegistered(Event):
-    """Group ``group`` is up and holds weight ``version``."""
+    """Group ``group`` is up (incarnation 1) and holds weight ``version``."""
 
-    group: str = attrs.field(validator=_check_name)
-    version: int = attrs.field(validator=_check_version)
+    group: str = _group
+    version: int = _version
     at: float = _time
 
 
 @attrs.frozen
 class ProbeFailed(Event):
-    group: str = attrs.field(validator=_check_name)
+    group: str = _group
+    incarnation: int = _incarnation
     at: float = _time
 
 
 @attrs.frozen
 class ProbeOk(Event):
-    group: str = attrs.field(validator=_check_name)
+    group: str = _group
+    incarnation: int = _incarnation
     at: float = _time
 
 
 @attrs.frozen
 class GroupFailed(Event):
-    """The group is dead (actor died, or the health manager gave up on it)."""
+    """That process is dead (actor died, the health manager gave up on it, or it was killed
+    after a deadline)."""
 
-    group: str = attrs.field(validator=_check_name)
-    at: float = _time
+    group: str = _group
+    incarnation: int = _incarnation
     reason: str = attrs.field(default="", validator=_check_text)
+    at: float = _time
 
 
 @attrs.frozen
 class RestartLoaded(Event):
-    """The group restarted under ``lease`` finished loading its checkpoint."""
+    """The process started by RestartFromCheckpoint finished loading its checkpoint."""
 
-    group: str = attrs.field(validator=_check_name)
-    lease: str = attrs.field(validator=_check_name)
+    group: str = _group
+    incarnation: int = _incarnation
     at: float = _time
 
 
 @attrs.frozen
 class RestartLoadFailed(Event):
-    group: str = attrs.field(validator=_check_name)
-    lease: str = attrs.field(validator=_check_name)
-    at: float = _time
+    group: str = _group
+    incarnation: int = _incarnation
     error: str = attrs.field(default="", validator=_check_text)
+    at: float = _time
 
 
 @attrs.frozen
 class Relaunched(Event):
-    """A cold restart finished: the group is up with no current weights."""
+    """A cold restart finished: that process is up with no current weights."""
 
-    group: str = attrs.field(validator=_check_name)
+    group: str = _group
+    incarnation: int = _incarnation
     at: float = _time
 
 
 @attrs.frozen
 class RelaunchFailed(Event):
-    group: str = attrs.field(validator=_check_name)
-    at: float = _time
+    group: str = _group
+    incarnation: int = _incarnation
     error: str = attrs.field(default="", validator=_check_text)
-
-
-@attrs.frozen
-class CheckpointDeleted(Event):
-    """The adapter removed checkpoint ``version`` from disk."""
-
-    version: int = attrs.field(validator=_check_version)
     at: float = _time
 
 
@@ -212,6 +241,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ExportFailed,
         ExportCancelled,
         CheckpointPinned,
+        CheckpointDeleted,
         Shutdown,
         Tick,
         GroupRegistered,
@@ -222,6 +252,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RestartLoadFailed,
         Relaunched,
         RelaunchFailed,
-        CheckpointDeleted,
     )
 }
+
+# The outcomes that end a process start (RestartFromCheckpoint or RestartCold).
+LOAD_OUTCOMES = (RestartLoaded, RestartLoadFailed)
+RELAUNCH_OUTCOMES = (Relaunched, RelaunchFailed)

@@ -1,6 +1,6 @@
 """The safety rules, as code. Each returns a sentence per violation; empty means it holds.
 
-They read the controller's private state on purpose: they are the controller's own contract,
+They read the rules' state directly on purpose: they are the controller's own contract,
 checked after every step by the property tests and by ``recovery-fsm replay``.
 """
 
@@ -9,16 +9,16 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from .machines import COMMITTED, LOADING, RELAUNCHING, SERVING, UP
+
 if TYPE_CHECKING:
-    from .controller import RecoveryController
-
-_ON_DISK = frozenset({"ready", "superseded", "deletable"})
+    from .rules import Rules
 
 
-def violations(c: RecoveryController) -> list[str]:
+def violations(rules: Rules) -> list[str]:
     out: list[str] = []
-    cks = c._checkpoints
-    fleet = c._fleet.version
+    cks = rules.checkpoints
+    fleet = rules.fleet.version
 
     # Never delete a leased or pinned checkpoint.
     for v, ck in cks.items():
@@ -29,54 +29,62 @@ def violations(c: RecoveryController) -> list[str]:
             )
 
     # Leases only on a committed checkpoint of the then-current version; counts match.
-    live = Counter(lease.version for lease in c._leases.values())
-    for lease in c._leases.values():
+    leases = [s.lease for s in rules.starts.values() if s.lease is not None]
+    live = Counter(lease.version for lease in leases)
+    for lease in leases:
         held = cks.get(lease.version)
         if held is None or held.record.state not in {"ready", "superseded"}:
-            state = held.record.state if held else c._finished.get(lease.version, "missing")
+            state = held.record.state if held else rules.finished.get(lease.version, "missing")
             out.append(f"lease {lease.id} holds checkpoint {lease.version}, which is {state}")
         if lease.version != lease.granted_at_version:
             out.append(
                 f"lease {lease.id} on version {lease.version} granted while the fleet "
                 f"served {lease.granted_at_version}"
             )
-        holder = c._groups.get(lease.group)
-        if holder is None or holder.record.lease != lease.id:
-            out.append(f"lease {lease.id} is not held by its group {lease.group!r}")
     for v, ck in cks.items():
         if ck.record.leases != live.get(v, 0):
             out.append(
                 f"checkpoint {v} counts {ck.record.leases} leases, {live.get(v, 0)} are live"
             )
-    for lease_id in c._leases.keys() & c._released:
-        out.append(f"lease {lease_id} is both live and released")
+        if ck.record.state in COMMITTED and ck.record.path is None:
+            out.append(f"checkpoint {v} is {ck.record.state} without a path")
 
-    # No group serves a stale version; a loading group holds a lease and nobody else does.
-    for name, g in c._groups.items():
-        state = g.record.state
-        if state in {"active", "suspect"} and g.record.version != fleet:
-            out.append(f"group {name!r} is {state} on version {g.record.version}, fleet is {fleet}")
-        if (state == "loading") != (g.record.lease is not None) and state != "stopped":
-            out.append(f"group {name!r} is {state} with lease {g.record.lease}")
-        if g.machine.current_state_value != state:
+    for name, g in rules.groups.items():
+        r = g.record
+        state = r.state
+        # No group serves a stale version.
+        if state in SERVING and r.version != fleet:
+            out.append(f"group {name!r} is {state} on version {r.version}, fleet is {fleet}")
+        # A loading (relaunching) group's current incarnation has a load (cold start) in
+        # flight; an up group's has none. Killed or stopped starts wait for their outcome.
+        start = rules.starts.get((name, r.incarnation))
+        kind = "load" if state in LOADING else "relaunch" if state in RELAUNCHING else None
+        if kind is not None and (start is None or start.kind != kind):
+            out.append(f"group {name!r} is {state} but incarnation {r.incarnation} has no {kind}")
+        if kind is None and start is not None and state in UP:
+            out.append(f"group {name!r} is {state} with a {start.kind} in flight")
+        if g.built is not None and g.built.current_state_value != state:
             out.append(f"group {name!r} machine and record disagree")
-
         # Cooldown always ends after N clean syncs.
         rec = g.recovery
         if rec.state == "cooldown" and rec.clean_streak >= rec.required_clean_syncs:
             out.append(f"group {name!r} still in cooldown after {rec.clean_streak} clean syncs")
+    for (name, incarnation), start in rules.starts.items():
+        g = rules.groups.get(name)
+        if g is None or incarnation > g.record.incarnation:
+            out.append(f"a {start.kind} of {name!r} incarnation {incarnation} never started")
 
-    # At most one export in flight.
+    # At most one export in flight, of the current version.
     exporting = sorted(v for v, ck in cks.items() if ck.record.state == "exporting")
     if len(exporting) > 1:
         out.append(f"exports in flight for versions {exporting}")
     if exporting and exporting[0] != fleet:
         out.append(f"export of version {exporting[0]} in flight while the fleet serves {fleet}")
 
-    # At quiescence at most one unpinned recovery checkpoint is on disk.
-    if c._quiescent():
+    # With nothing outstanding at most one unpinned recovery checkpoint is on disk.
+    if not rules.outstanding():
         kept = sorted(
-            v for v, ck in cks.items() if ck.record.state in _ON_DISK and not ck.record.pinned
+            v for v, ck in cks.items() if ck.record.state in COMMITTED and not ck.record.pinned
         )
         if len(kept) > 1:
             out.append(f"quiescent with unpinned checkpoints {kept} on disk")

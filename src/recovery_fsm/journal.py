@@ -15,12 +15,11 @@ from .events import EVENT_TYPES, Event
 
 
 def encode(obj: Any) -> dict[str, Any]:
-    """An event or effect as a JSON-ready dict with its ``kind``."""
-    fields = attrs.asdict(obj, recurse=False)
-    for key, value in fields.items():
-        if isinstance(value, frozenset):
-            fields[key] = sorted(value)
-    return {"kind": type(obj).__name__, **fields}
+    """An event or effect as a JSON-ready dict with its ``kind``; anything else (a refused
+    non-event) as its type and repr, so the refusal is journaled too."""
+    if not attrs.has(type(obj)):
+        return {"kind": type(obj).__name__, "repr": repr(obj)[:200]}
+    return {"kind": type(obj).__name__, **attrs.asdict(obj, recurse=False)}
 
 
 def decode_event(data: dict[str, Any]) -> Event:
@@ -30,8 +29,6 @@ def decode_event(data: dict[str, Any]) -> Event:
     if cls is None:
         raise MalformedEvent(f"unknown event kind {data['kind']!r}; known: {sorted(EVENT_TYPES)}")
     fields = {k: v for k, v in data.items() if k != "kind"}
-    if cls.__name__ == "WeightsSynced" and isinstance(fields.get("groups"), list):
-        fields["groups"] = frozenset(fields["groups"])
     try:
         return cls(**fields)
     except TypeError as err:

@@ -1,22 +1,41 @@
-"""A thin, thread-safe front for one controller: stamps each event with the time under a lock.
+"""A thread-safe front for one controller: time stamping, and effects run off every lock.
 
 Events come from several threads (trainer, health manager, export writer). If each stamped
 its own time before taking the controller's lock, a later stamp could arrive first and the
-controller would rightly refuse time going backwards. ``ControllerLink.send`` reads the clock
-and hands the event over in one critical section, then runs the adapter's ``execute`` on the
-effects (re-entrantly: an executor may report outcomes straight back through ``send``).
+controller would rightly refuse time going backwards, so ``send`` reads the clock and hands
+the event over in one critical section.
+
+Effects go to the adapter's ``execute`` one at a time, in order, on the link's own
+dispatcher thread, outside every lock: a slow load never stalls the trainer or the export
+writer, ``execute`` may read the controller or report back through ``send``, and an
+``execute`` that raises is logged and kept in ``errors`` (with its effect, to retry) while
+the effects after it still run.
 """
 
 from __future__ import annotations
 
+import collections
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import attrs
+
 from .controller import RecoveryController
 from .effects import Effect
 from .events import Event
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class EffectError:
+    """``execute(effect)`` raised ``error``."""
+
+    effect: Effect
+    error: BaseException
 
 
 class ControllerLink:
@@ -25,18 +44,103 @@ class ControllerLink:
         controller: RecoveryController,
         *,
         clock: Callable[[], float] = time.monotonic,
-        execute: Callable[[tuple[Effect, ...]], None] | None = None,
+        execute: Callable[[Effect], None] | None = None,
     ) -> None:
         self.controller = controller
         self._clock = clock
         self._execute = execute
         self._lock = threading.RLock()
         self._last = float("-inf")
+        self._cv = threading.Condition()
+        self._queue: collections.deque[Effect] = collections.deque()
+        self._busy = 0  # effects taken off the queue and not finished
+        self._errors: list[EffectError] = []
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        if execute is not None:
+            self._thread = threading.Thread(
+                target=self._dispatch, name="recovery-fsm-effects", daemon=True
+            )
+            self._thread.start()
 
     def send(self, cls: type[Event], **fields: Any) -> tuple[Effect, ...]:
+        """Stamp, handle, queue the effects for ``execute``; return them."""
         with self._lock:
             self._last = max(self._last, self._clock())
-            effects = self.controller.handle(cls(at=self._last, **fields))  # type: ignore[call-arg]
-            if self._execute is not None and effects:
-                self._execute(effects)
-            return effects
+            effects = self.controller.handle(cls(at=self._last, **fields))
+            if self._execute is None or not effects:
+                return effects
+            with self._cv:
+                if not self._closing:
+                    self._queue.extend(effects)
+                    self._cv.notify_all()
+                    return effects
+        # Closed: no dispatcher any more, so the caller runs them (late reports at shutdown).
+        for effect in effects:
+            self._run(effect)
+        return effects
+
+    @property
+    def errors(self) -> tuple[EffectError, ...]:
+        with self._cv:
+            return tuple(self._errors)
+
+    @property
+    def pending(self) -> int:
+        """Effects queued or running."""
+        with self._cv:
+            return len(self._queue) + self._busy
+
+    def retry_failed(self) -> int:
+        """Queue again every effect whose ``execute`` raised; returns how many."""
+        with self._cv:
+            failed, self._errors = self._errors, []
+            self._queue.extend(f.effect for f in failed)
+            self._cv.notify_all()
+            return len(failed)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until every queued effect ran; False on timeout."""
+        with self._cv:
+            return self._cv.wait_for(lambda: not self._queue and not self._busy, timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Run what is queued, then stop the dispatcher. False if it did not finish in time."""
+        done = self.join(timeout)
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        return done
+
+    def __enter__(self) -> ControllerLink:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _dispatch(self) -> None:
+        assert self._execute is not None
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._queue or self._closing)
+                if not self._queue:
+                    return
+                effect = self._queue.popleft()
+                self._busy += 1
+            try:
+                self._run(effect)
+            finally:
+                with self._cv:
+                    self._busy -= 1
+                    self._cv.notify_all()
+
+    def _run(self, effect: Effect) -> None:
+        assert self._execute is not None
+        try:
+            self._execute(effect)
+        except Exception as err:
+            log.exception("executing %r failed; kept in link.errors", effect)
+            with self._cv:
+                self._errors.append(EffectError(effect, err))

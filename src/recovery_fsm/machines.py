@@ -1,11 +1,14 @@
 """The three state machines. They hold the legal state graph and the guards that protect the
-safety rules; the controller decides which event to send and when.
+safety rules; the rules (``rules.py``) decide which event to send and when.
 
 Each machine keeps its state on an attrs record (python-statemachine's "model"), so guards
-read plain data and a snapshot is a copy of records.
+read plain data and a snapshot is a copy of records. The named state sets at the end are the
+one vocabulary the rules, the invariants and the search share; most are read off the graph.
 """
 
 from __future__ import annotations
+
+import functools
 
 import attrs
 from statemachine import State, StateMachine
@@ -37,10 +40,10 @@ class GroupRecord:
     name: str
     fleet: Fleet
     version: int | None
+    incarnation: int = 1  # the current start of the group's process
     probe_failures: int = 0
     restarts: int = 0
-    lease: str | None = None
-    awaiting_since: float | None = None
+    since: float | None = None  # when the current wait (a deadline's clock) began
     state: str | None = None
 
     @property
@@ -145,6 +148,35 @@ class ImmediateRecoveryMachine(StateMachine):
     reenable = cooldown.to(enabled, cond="cooled_down")
     disable = enabled.to(disabled) | cooldown.to(disabled)
 
+
+@functools.cache
+def sources(machine: type[StateMachine], event: str) -> frozenset[str]:
+    """The states in which ``machine`` accepts ``event``, read off its graph."""
+    return frozenset(
+        state.id for state in machine.states for t in state.transitions if event in t.events
+    )
+
+
+def _final(machine: type[StateMachine]) -> frozenset[str]:
+    return frozenset(state.id for state in machine.states if state.final)
+
+
+# -- the shared vocabulary ----------------------------------------------------------------
+# A group's process may serve traffic (the router sends it requests).
+SERVING = frozenset({"active", "suspect"})
+# A group's process is up and can receive a weight push.
+UP = SERVING | {"pending_weights"}
+# A start of the group's process (from a checkpoint, or cold) is in flight.
+LOADING = sources(WorkerGroupMachine, "loaded_stale")
+RELAUNCHING = sources(WorkerGroupMachine, "relaunched")
+# The group waits under a deadline.
+WAITING = LOADING | RELAUNCHING | {"awaiting_checkpoint"}
+GROUP_FINAL = _final(WorkerGroupMachine)
+# Checkpoint states whose files are complete on disk.
+COMMITTED = frozenset({"ready", "superseded", "deletable"})
+# Checkpoint states whose export is still being written.
+WRITING = sources(CheckpointMachine, "commit")
+CHECKPOINT_FINAL = _final(CheckpointMachine)
 
 MACHINES: dict[str, type[StateMachine]] = {
     "checkpoint": CheckpointMachine,

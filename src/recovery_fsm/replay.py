@@ -14,13 +14,14 @@ from typing import Any
 
 import attrs
 
-from .controller import RecoveryConfig, RecoveryController
+from .controller import RecoveryController
 from .errors import MalformedEvent, RecoveryError
 from .journal import decode_event, encode, read_journal
+from .rules import RecoveryConfig, Rules
 from .search.mutants import MUTANTS
 from .search.world import World
 
-REAL = "recovery_fsm.controller:RecoveryController"
+REAL = "recovery_fsm.rules:Rules"
 
 
 @attrs.frozen
@@ -46,10 +47,10 @@ class ReplayReport:
         return "\n".join(lines)
 
 
-def controller_class(name: str) -> type[RecoveryController]:
+def rules_class(name: str) -> type[Rules]:
     """``real``, a broken variant's name, or a journal header's ``module:Class``."""
     if name in {"real", REAL}:
-        return RecoveryController
+        return Rules
     if name in MUTANTS:
         return MUTANTS[name]
     for cls in MUTANTS.values():
@@ -60,9 +61,7 @@ def controller_class(name: str) -> type[RecoveryController]:
     )
 
 
-def replay(
-    path: str | os.PathLike[str], controller: type[RecoveryController] | None = None
-) -> ReplayReport:
+def replay(path: str | os.PathLike[str], rules: type[Rules] | None = None) -> ReplayReport:
     records = list(read_journal(path))
     header: dict[str, Any] = {}
     if records and "header" in records[0]:
@@ -71,8 +70,8 @@ def replay(
         config = RecoveryConfig(**header.get("config", {}))
     except TypeError as err:
         raise MalformedEvent(f"{path}: the header's config is not a RecoveryConfig: {err}") from err
-    cls = controller or controller_class(header.get("controller", REAL))
-    c = cls(config, initial_version=header.get("initial_version", 0))
+    cls = rules or rules_class(header.get("rules", REAL))
+    c = RecoveryController(config, initial_version=header.get("initial_version", 0), rules=cls)
     world = World(config, fleet=c.version)
     divergences: list[str] = []
     steps = 0
@@ -91,8 +90,13 @@ def replay(
             )
         if "event" not in record:
             raise MalformedEvent(f"{path}: a record without an event: {record!r:.120}")
-        event = decode_event(record["event"])
         step = record.get("step", steps + 1)
+        try:
+            event = decode_event(record["event"])
+        except MalformedEvent:
+            if "error" in record:
+                continue  # a refused non-event (say, handle("x")): nothing to replay
+            raise
         steps += 1
         try:
             effects = c.handle(event)
@@ -119,7 +123,7 @@ def replay(
 
 
 def _report(
-    cls: type[RecoveryController],
+    cls: type[Rules],
     steps: int,
     step: int | None,
     problems: list[str],

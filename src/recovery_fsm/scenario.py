@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import events as ev
-from .controller import RecoveryConfig, RecoveryController
+from .controller import RecoveryController
 from .effects import DeleteCheckpoint, Effect, RestartFromCheckpoint
+from .rules import RecoveryConfig
 
 
 def seed_race(out: Callable[[str], None] = print) -> RecoveryController:
@@ -36,37 +37,37 @@ def seed_race(out: Callable[[str], None] = print) -> RecoveryController:
         return t
 
     out("== two groups on version 0; the trainer syncs v1 and exports C(1)")
-    send(ev.GroupRegistered("g1", 0, tick()))
-    send(ev.GroupRegistered("g2", 0, tick()))
-    send(ev.WeightsSynced(1, frozenset({"g1", "g2"}), tick()))
-    send(ev.ExportStarted(1, tick()))
-    send(ev.ExportCommitted(1, "/ckpt/step-1", tick()))
+    send(ev.GroupRegistered("g1", 0, at=tick()))
+    send(ev.GroupRegistered("g2", 0, at=tick()))
+    send(ev.WeightsSynced(1, c.up_groups(), at=tick()))
+    send(ev.ExportStarted(1, at=tick()))
+    send(ev.ExportCommitted(1, "/ckpt/step-1", at=tick()))
 
-    out("== g1 dies: it boots straight from C(1) under a lease")
-    (restart,) = send(ev.GroupFailed("g1", tick(), reason="actor died"))
+    out("== g1 dies: traffic is withdrawn, it boots straight from C(1) as incarnation 2")
+    _, restart = send(ev.GroupFailed("g1", 1, reason="actor died", at=tick()))
     assert isinstance(restart, RestartFromCheckpoint)
 
     out("== the race: v2 is synced while g1 still loads C(1); C(1) is superseded, not deleted")
-    send(ev.WeightsSynced(2, frozenset({"g2"}), tick()))
-    send(ev.ExportStarted(2, tick()))
+    send(ev.WeightsSynced(2, c.up_groups(), at=tick()))
+    send(ev.ExportStarted(2, at=tick()))
 
     out("== g1 finishes loading C(1): stale, so it waits for weights; only now C(1) goes")
-    send(ev.RestartLoaded("g1", restart.lease, tick()))
-    send(ev.CheckpointDeleted(1, tick()))
+    send(ev.RestartLoaded("g1", restart.incarnation, at=tick()))
+    send(ev.CheckpointDeleted(1, at=tick()))
 
     out("== the export of v2 is slow: still running at the v3 sync, recovery cools down")
-    send(ev.WeightsSynced(3, frozenset({"g1", "g2"}), tick()))
-    send(ev.ExportCancelled(2, tick()))
+    send(ev.WeightsSynced(3, c.up_groups(), at=tick()))
+    send(ev.ExportCancelled(2, at=tick()))
 
     out("== two clean syncs later immediate recovery is back")
     for v in (3, 4):
-        send(ev.ExportStarted(v, tick()))
-        send(ev.ExportCommitted(v, f"/ckpt/step-{v}", tick()))
-        for effect in send(ev.WeightsSynced(v + 1, frozenset({"g1", "g2"}), tick())):
+        send(ev.ExportStarted(v, at=tick()))
+        send(ev.ExportCommitted(v, f"/ckpt/step-{v}", at=tick()))
+        for effect in send(ev.WeightsSynced(v + 1, c.up_groups(), at=tick())):
             if isinstance(effect, DeleteCheckpoint):
-                send(ev.CheckpointDeleted(effect.version, tick()))
+                send(ev.CheckpointDeleted(effect.version, at=tick()))
 
     out("== shutdown: groups stop, nothing in flight, the controller is drained")
-    send(ev.Shutdown(tick()))
+    send(ev.Shutdown(at=tick()))
     out(f"drained: {c.drained}")
     return c

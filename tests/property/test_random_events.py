@@ -12,44 +12,44 @@ from recovery_fsm import events as ev
 GROUPS = ["g0", "g1", "g2"]
 group = st.sampled_from(GROUPS)
 version = st.integers(0, 4)
-lease = st.sampled_from([f"L{i}" for i in range(1, 6)])
+incarnation = st.integers(1, 4)
 
 
 def _event(kind: str, draw: st.DrawFn, at: float) -> ev.Event:
     if kind == "sync":
-        return ev.WeightsSynced(draw(version), frozenset(draw(st.sets(group))), at)
+        return ev.WeightsSynced(draw(version), draw(st.dictionaries(group, incarnation)), at=at)
     if kind == "start":
-        return ev.ExportStarted(draw(version), at, pinned=draw(st.booleans()))
+        return ev.ExportStarted(draw(version), pinned=draw(st.booleans()), at=at)
     if kind == "commit":
         v = draw(version)
-        return ev.ExportCommitted(v, f"/ckpt/step-{v}", at)
+        return ev.ExportCommitted(v, f"/ckpt/step-{v}", at=at)
     if kind == "export_failed":
-        return ev.ExportFailed(draw(version), "boom", at)
+        return ev.ExportFailed(draw(version), "boom", at=at)
     if kind == "cancelled":
-        return ev.ExportCancelled(draw(version), at)
+        return ev.ExportCancelled(draw(version), at=at)
     if kind == "pin":
-        return ev.CheckpointPinned(draw(version), at)
+        return ev.CheckpointPinned(draw(version), at=at)
     if kind == "deleted":
-        return ev.CheckpointDeleted(draw(version), at)
+        return ev.CheckpointDeleted(draw(version), at=at)
     if kind == "register":
-        return ev.GroupRegistered(draw(group), draw(version), at)
-    if kind == "probe_failed":
-        return ev.ProbeFailed(draw(group), at)
-    if kind == "probe_ok":
-        return ev.ProbeOk(draw(group), at)
-    if kind == "group_failed":
-        return ev.GroupFailed(draw(group), at)
-    if kind == "loaded":
-        return ev.RestartLoaded(draw(group), draw(lease), at)
-    if kind == "load_failed":
-        return ev.RestartLoadFailed(draw(group), draw(lease), at)
-    if kind == "relaunched":
-        return ev.Relaunched(draw(group), at)
-    if kind == "relaunch_failed":
-        return ev.RelaunchFailed(draw(group), at)
+        return ev.GroupRegistered(draw(group), draw(version), at=at)
     if kind == "tick":
-        return ev.Tick(at)
-    return ev.Shutdown(at)
+        return ev.Tick(at=at)
+    if kind == "shutdown":
+        return ev.Shutdown(at=at)
+    cls = PROCESS_EVENTS[kind]
+    return cls(draw(group), draw(incarnation), at=at)  # type: ignore[call-arg]
+
+
+PROCESS_EVENTS: dict[str, type[ev.Event]] = {
+    "probe_failed": ev.ProbeFailed,
+    "probe_ok": ev.ProbeOk,
+    "group_failed": ev.GroupFailed,
+    "loaded": ev.RestartLoaded,
+    "load_failed": ev.RestartLoadFailed,
+    "relaunched": ev.Relaunched,
+    "relaunch_failed": ev.RelaunchFailed,
+}
 
 
 KINDS = [
@@ -61,7 +61,7 @@ KINDS = [
 
 @st.composite
 def streams(draw: st.DrawFn) -> list[ev.Event]:
-    out: list[ev.Event] = [ev.GroupRegistered(g, 0, 0.0) for g in GROUPS]
+    out: list[ev.Event] = [ev.GroupRegistered(g, 0, at=0.0) for g in GROUPS]
     at = 0.0
     for _ in range(draw(st.integers(1, 60))):
         at += draw(st.sampled_from([0.0, 1.0, 50.0]))
@@ -74,7 +74,11 @@ def streams(draw: st.DrawFn) -> list[ev.Event]:
 def test_accepted_or_refused_without_change(stream: list[ev.Event]) -> None:
     c = RecoveryController(
         RecoveryConfig(
-            clean_syncs_to_reenable=2, restart_budget=3, await_checkpoint_timeout_s=100.0
+            clean_syncs_to_reenable=2,
+            restart_budget=3,
+            await_checkpoint_timeout_s=100.0,
+            load_timeout_s=120.0,
+            relaunch_timeout_s=60.0,
         )
     )
     for event in stream:
@@ -83,4 +87,5 @@ def test_accepted_or_refused_without_change(stream: list[ev.Event]) -> None:
             c.handle(event)
         except RecoveryError:
             assert c.snapshot() == before
+        assert c.broken is None
         assert c.check_invariants() == []

@@ -3,10 +3,10 @@ left waiting forever. (The world model's checks are shown by the broken variants
 
 from __future__ import annotations
 
-from recovery_fsm import RecoveryController
+from recovery_fsm import Rules
 from recovery_fsm import events as ev
-from recovery_fsm.controller import _Checkpoint
-from recovery_fsm.search import Sim
+from recovery_fsm.rules import _Checkpoint, _Group
+from recovery_fsm.search import Scope, Sim
 
 
 def _walk(sim: Sim, names: list[str]) -> list[str]:
@@ -18,33 +18,33 @@ def _walk(sim: Sim, names: list[str]) -> list[str]:
     return found
 
 
-class RefusesCommits(RecoveryController):
-    def _on_export_committed(self, e: ev.ExportCommitted) -> None:
-        self._require_checkpoint(e, e.version, set())  # refuses every commit
+class RefusesCommits(Rules):
+    def on_ExportCommitted(self, e: ev.ExportCommitted) -> None:
+        self._require_checkpoint(e, e.version, states=set())  # refuses every commit
 
 
-class IgnoresDuplicateCommits(RecoveryController):
-    def _on_export_committed(self, e: ev.ExportCommitted) -> None:
-        ck = self._checkpoints.get(e.version)
-        if e.version in self._finished or (ck is not None and ck.record.state != "exporting"):
+class IgnoresDuplicateCommits(Rules):
+    def on_ExportCommitted(self, e: ev.ExportCommitted) -> None:
+        ck = self.checkpoints.get(e.version)
+        if e.version in self.finished or (ck is not None and ck.record.state != "exporting"):
             return  # "idempotent": a repeated commit is silently accepted
-        super()._on_export_committed(e)
+        super().on_ExportCommitted(e)
 
 
-class ForgetsWaitingGroups(RecoveryController):
+class ForgetsWaitingGroups(Rules):
     """Neither the export's commit nor the timeout ends a wait."""
 
-    def _on_tick(self, e: ev.Tick) -> None:
+    def on_Tick(self, e: ev.Tick) -> None:
         pass
 
-    def _restart_from(self, g: object, ck: _Checkpoint) -> None:
-        if getattr(g, "record").state == "awaiting_checkpoint":  # noqa: B009
+    def _restart_from(self, g: _Group, ck: _Checkpoint) -> None:
+        if g.record.state == "awaiting_checkpoint":
             return  # the group that waited for this export is never restarted
-        super()._restart_from(g, ck)  # type: ignore[arg-type]
+        super()._restart_from(g, ck)
 
 
 def test_a_refused_real_completion_is_a_finding() -> None:
-    sim = Sim(controller=RefusesCommits)
+    sim = Sim(rules=RefusesCommits)
     found = _walk(sim, ["export", "commit(0)"])
     assert found and "refused ExportCommitted" in found[0]
     assert sim.records[-1]["finding"] == found  # written for replay
@@ -54,16 +54,43 @@ def test_an_accepted_duplicate_is_a_finding_and_a_refused_one_is_not() -> None:
     real = Sim()
     assert _walk(real, ["export", "commit(0)"]) == []
     assert real.duplicate(0) == []
-    lax = Sim(controller=IgnoresDuplicateCommits)
+    lax = Sim(rules=IgnoresDuplicateCommits)
     assert _walk(lax, ["export", "commit(0)"]) == []
     found = lax.duplicate(0)
     assert found and "accepted the duplicate" in found[0]
 
 
-def test_a_group_left_waiting_fails_liveness() -> None:
-    sim = Sim(controller=ForgetsWaitingGroups)
+def test_a_group_left_waiting_is_a_finding() -> None:
+    """The world restates the deadline: a wait past it is flagged at the tick that should
+    have ended it; a commit that wakes nobody is flagged when it lands."""
+    sim = Sim(rules=ForgetsWaitingGroups)
     assert _walk(sim, ["fail(g0)"]) == []
-    found = sim.settle()
-    assert found and "not settled" in found[0] and "g0 is awaiting_checkpoint" in found[0]
+    found = _walk(sim, ["tick(10.0)"])
+    assert found and "g0 waits for a checkpoint 10 s, past its 10 s" in found[0]
+    woken = Sim(rules=ForgetsWaitingGroups)
+    found = _walk(woken, ["fail(g0)", "export", "commit(0)"])
+    assert found and "still waits though C(0) is committed" in found[0]
     real = Sim()
-    assert _walk(real, ["fail(g0)"]) == [] and real.settle() == []
+    assert _walk(real, ["fail(g0)", "tick(9.0)"]) == []
+    assert real.controller.group_state("g0") == "awaiting_checkpoint"
+    assert _walk(real, ["tick(1.0)"]) == [] and real.settle() == []
+
+
+def test_settle_says_which_way_each_group_came_back() -> None:
+    sim = Sim()
+    steps = ["export", "commit(0)", "fail(g0)", "sync", "export", "export_fails(1)", "fail(g1)"]
+    assert _walk(sim, steps) == []
+    assert sim.settle() == []
+    assert sim.outcomes() == {
+        "g0": "active as #2 (immediate restart)",
+        "g1": "active as #2 (cold restart)",
+    }
+
+
+def test_a_failing_sink_loses_no_effect() -> None:
+    """The sink raises on the record of a restart: the restart still happens."""
+    sim = Sim(Scope(sink_failures=True))
+    assert _walk(sim, ["export", "commit(0)", "sink_fails", "fail(g0)"]) == []
+    assert sim.controller.journal_failures == 1
+    assert sim.world.procs["g0"].status == "loading"
+    assert sim.settle() == []

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import attrs
 
-from ..controller import RecoveryController
+from ..rules import Rules
 from .sim import Scope, Sim
 
 
@@ -51,7 +51,7 @@ class Exploration:
 def explore(
     depth: int = 8,
     scope: Scope | None = None,
-    controller: type[RecoveryController] = RecoveryController,
+    rules: type[Rules] = Rules,
     *,
     liveness: bool = False,
     journal_dir: str | os.PathLike[str] | None = None,
@@ -62,7 +62,7 @@ def explore(
     state where every group is active, retired or stopped.
     """
     started = time.perf_counter()
-    root = Sim(scope, controller)
+    root = Sim(scope, rules)
     seen = {root.key()}
     frontier = [root]
     new_states: list[int] = []
@@ -90,7 +90,7 @@ def explore(
                     new_states.append(len(following))
                     journal = None
                     if journal_dir is not None:
-                        name = f"explore-{controller.__name__}.jsonl"
+                        name = f"explore-{rules.__name__}.jsonl"
                         journal = child.write_journal(Path(journal_dir) / name)
                     return Exploration(
                         level,

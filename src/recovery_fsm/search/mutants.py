@@ -1,19 +1,23 @@
-"""Deliberately broken controllers, one known bug each: the search must find every one.
+"""Deliberately broken rules, one known bug each: the search must find every one.
 
-Each is the real controller with one rule changed the way ad-hoc recovery code gets it
-wrong. They bypass the machines' guards by writing a record's state directly, as a flag
+Each is the real ``Rules`` with one rule changed the way ad-hoc recovery code gets it
+wrong. Some bypass the machines' guards by writing a record's state directly, as a flag
 would; that is the point of them. Never use them outside tests and benchmarks.
 """
 
 from __future__ import annotations
 
+import math
+
+import attrs
+
 from .. import effects as fx
 from .. import events as ev
-from ..controller import Lease, RecoveryController, _Checkpoint, _Group
+from ..rules import Lease, RecoveryConfig, Rules, Start, _Checkpoint, _Group
 from .sim import checkpoint_path
 
 
-class DeleteIgnoringLeases(RecoveryController):
+class DeleteIgnoringLeases(Rules):
     """Deletes a superseded checkpoint at once, even while a restarting group loads it."""
 
     def _reap(self, ck: _Checkpoint) -> None:
@@ -23,34 +27,34 @@ class DeleteIgnoringLeases(RecoveryController):
             self._emit(fx.DeleteCheckpoint(ck.record.version, ck.record.path))
 
 
-class ReadyBeforeCommit(RecoveryController):
+class ReadyBeforeCommit(Rules):
     """Publishes the checkpoint's path as ready when the export starts, not when it lands."""
 
-    def _on_export_started(self, e: ev.ExportStarted) -> None:
-        super()._on_export_started(e)
-        ck = self._checkpoints[e.version]
+    def on_ExportStarted(self, e: ev.ExportStarted) -> None:
+        super().on_ExportStarted(e)
+        ck = self.checkpoints[e.version]
         ck.record.path = checkpoint_path(e.version)
         ck.record.state = "ready"
         for g in self._awaiting():
             self._restart_from(g, ck)
 
-    def _on_export_committed(self, e: ev.ExportCommitted) -> None:
-        ck = self._checkpoints.get(e.version)
+    def on_ExportCommitted(self, e: ev.ExportCommitted) -> None:
+        ck = self.checkpoints.get(e.version)
         if ck is not None and ck.record.state == "ready":
             return  # already "ready"
-        super()._on_export_committed(e)
+        super().on_ExportCommitted(e)
 
 
-class LeaseOnSuperseded(RecoveryController):
+class LeaseOnSuperseded(Rules):
     """Restarts a failed group from the newest checkpoint on disk when the current one is
     not ready, though that checkpoint holds an older version."""
 
     def _fail(self, g: _Group) -> None:
-        current = self._checkpoints.get(self._fleet.version)
+        current = self.checkpoints.get(self.fleet.version)
         older = [
             ck
-            for v, ck in sorted(self._checkpoints.items())
-            if v < self._fleet.version and ck.record.state in {"superseded", "deletable"}
+            for v, ck in sorted(self.checkpoints.items())
+            if v < self.fleet.version and ck.record.state in {"superseded", "deletable"}
         ]
         if (
             g.recovery.state != "enabled"
@@ -60,35 +64,33 @@ class LeaseOnSuperseded(RecoveryController):
         ):
             super()._fail(g)
             return
-        ck, r = older[-1], g.record
+        ck = older[-1]
         self._fire_group(g, "fail")
-        r.probe_failures, r.version = 0, None
-        r.restarts += 1
-        self._lease_seq += 1
-        lease = Lease(f"L{self._lease_seq}", r.name, ck.record.version, self._fleet.version)
-        self._leases[lease.id] = lease
+        g.record.probe_failures, g.record.version = 0, None
+        g.record.restarts += 1
+        r = self._next_incarnation(g)
+        lease = Lease(r.name, r.incarnation, ck.record.version, self.fleet.version)
+        self.starts[(r.name, r.incarnation)] = Start("load", lease)
         ck.record.leases += 1
-        r.lease = lease.id
         self._fire_group(g, "load")
         assert ck.record.path is not None
-        self._emit(fx.RestartFromCheckpoint(r.name, lease.version, ck.record.path, lease.id))
+        self._emit(fx.RestartFromCheckpoint(r.name, r.incarnation, lease.version, ck.record.path))
 
 
-class ReadmitStale(RecoveryController):
+class ReadmitStale(Rules):
     """Assumes a restarted group loaded the latest weights, and readmits it, though the
     fleet moved on while it was loading."""
 
-    def _on_restart_loaded(self, e: ev.RestartLoaded) -> None:
-        g, lease = self._require_lease(e)
-        self._release(lease.id)
-        if g.record.state == "stopped":
+    def on_RestartLoaded(self, e: ev.RestartLoaded) -> None:
+        g = self._current(e, frozenset({"loading"}))
+        if g is None:
             return
-        g.record.version = self._fleet.version  # should be lease.version
+        self._end_start(g)
+        g.record.version = self.fleet.version  # should be the lease's version
         self._fire_group(g, "admit")
-        self._emit(fx.ReadmitGroup(g.record.name, self._fleet.version))
 
 
-class DisableOnSlowExport(RecoveryController):
+class DisableOnSlowExport(Rules):
     """Turns immediate recovery off for good after one export missed its sync."""
 
     def _count_sync(self, g: _Group, missed: bool) -> None:
@@ -98,24 +100,60 @@ class DisableOnSlowExport(RecoveryController):
         super()._count_sync(g, missed)
 
 
-class DoubleRelease(RecoveryController):
+class DoubleRelease(Rules):
     """On a failed load, gives the checkpoint's lease back by hand and then releases the
     lease as well: the count drops below the loads still running."""
 
-    def _on_restart_load_failed(self, e: ev.RestartLoadFailed) -> None:
-        _, lease = self._require_lease(e)
-        self._checkpoints[lease.version].record.leases -= 1
-        super()._on_restart_load_failed(e)
+    def on_RestartLoadFailed(self, e: ev.RestartLoadFailed) -> None:
+        start = self.starts.get((e.group, e.incarnation))
+        if start is not None and start.lease is not None:
+            self.checkpoints[start.lease.version].record.leases -= 1
+        super().on_RestartLoadFailed(e)
 
 
-class ForgetCancel(RecoveryController):
+class ForgetCancel(Rules):
     """On a new sync, marks the running export stale but never asks the exporter to stop."""
 
-    def _cancel_abandoned(self, ck: _Checkpoint) -> None:
-        pass
+    def _emit(self, effect: fx.Effect) -> None:
+        if not isinstance(effect, fx.CancelExport):
+            super()._emit(effect)
 
 
-MUTANTS: dict[str, type[RecoveryController]] = {
+class CountOldIncarnation(Rules):
+    """Trusts a sync's group names and ignores which process got the weights: a group
+    restarted since is marked as holding them."""
+
+    def on_WeightsSynced(self, e: ev.WeightsSynced) -> None:
+        current = {n: self.groups[n].record.incarnation for n in e.groups if n in self.groups}
+        super().on_WeightsSynced(attrs.evolve(e, groups={**e.groups, **current}))
+
+
+class DemoteSilently(Rules):
+    """Demotes a group left out of a sync without telling the router."""
+
+    def _fire_group(self, g: _Group, event: str) -> None:
+        if event == "demote":
+            self._fire(g.machine, f"group:{g.record.name}", event)
+        else:
+            super()._fire_group(g, event)
+
+
+class NoLoadDeadline(Rules):
+    """Never gives up on a load: a hung loader keeps its group down for ever."""
+
+    def __init__(self, config: RecoveryConfig, initial_version: int) -> None:
+        super().__init__(attrs.evolve(config, load_timeout_s=math.inf), initial_version)
+
+
+class MissKeepsStreak(Rules):
+    """A missed export while already cooling down does not restart the clean-sync count."""
+
+    def _cool(self, g: _Group) -> None:
+        if g.recovery.state == "enabled":
+            super()._cool(g)
+
+
+MUTANTS: dict[str, type[Rules]] = {
     "delete-ignoring-leases": DeleteIgnoringLeases,
     "ready-before-commit": ReadyBeforeCommit,
     "lease-on-superseded": LeaseOnSuperseded,
@@ -123,4 +161,8 @@ MUTANTS: dict[str, type[RecoveryController]] = {
     "disable-on-slow-export": DisableOnSlowExport,
     "double-release": DoubleRelease,
     "forget-cancel": ForgetCancel,
+    "count-old-incarnation": CountOldIncarnation,
+    "demote-silently": DemoteSilently,
+    "no-load-deadline": NoLoadDeadline,
+    "miss-keeps-streak": MissKeepsStreak,
 }

@@ -1,12 +1,14 @@
 """The controller in a simulated cluster: every enabled next step, and checks after each.
 
-A ``Sim`` owns a real controller (or a broken variant of it) and a ``World``. ``actions()``
-lists what may happen next: the trainer syncs, exports, pins or shuts down; the health
-manager reports failures and probes; the scheduler completes any pending effect, with
-success or failure, in any order (an effect never chosen is one that hangs). ``step``
-turns an action into an event, sends it, feeds the world, and returns every violation:
-the controller's invariants, the world's checks, a crash, or a real completion refused.
-Hypothesis and the explorer both drive this one class, so they search the same space.
+A ``Sim`` owns a real controller (or one with broken rules) and a ``World``. ``actions()``
+lists what may happen next: the trainer syncs (also reporting a push that reached a process
+since replaced), exports, pins, lets time pass by amounts that land on and just before each
+deadline, or shuts down; the health manager reports failures and probes; the scheduler
+completes any pending effect, with success or failure, in any order (an effect never chosen
+is one that hangs), including the late outcome of a start killed at its deadline; the journal
+sink may fail. ``step`` turns an action into an event, sends it, feeds the world, and returns
+every violation: the controller's invariants, the world's checks, a crash, or a real
+completion refused. Hypothesis and the explorer both drive this one class.
 """
 
 from __future__ import annotations
@@ -20,32 +22,38 @@ from typing import Any
 import attrs
 
 from .. import events as ev
-from ..controller import RecoveryConfig, RecoveryController
+from ..controller import RecoveryController
 from ..errors import RecoveryError
+from ..rules import RecoveryConfig, Rules
 from .world import World
 
 TRAINER, HEALTH, SCHEDULER = "trainer", "health", "scheduler"
 
-# Completions that must be refused when delivered a second time. Relaunched and
-# RelaunchFailed carry no attempt id, so a late copy cannot be told from a new report.
+# Completions that must be refused when delivered a second time.
 _DUPLICABLE = (
     ev.ExportCommitted,
     ev.ExportFailed,
     ev.ExportCancelled,
     ev.RestartLoaded,
     ev.RestartLoadFailed,
+    ev.Relaunched,
+    ev.RelaunchFailed,
     ev.CheckpointDeleted,
 )
 
 
-def small_config() -> RecoveryConfig:
-    """Small numbers, so budgets, cooldowns and timeouts are reached in a few steps."""
-    return RecoveryConfig(
-        clean_syncs_to_reenable=1,
+def small_config(**changes: Any) -> RecoveryConfig:
+    """Small numbers, so budgets, cooldowns and deadlines are reached in a few steps; the
+    deadlines differ so that each can be hit alone."""
+    base = RecoveryConfig(
+        clean_syncs_to_reenable=2,
         suspect_threshold=2,
         restart_budget=2,
         await_checkpoint_timeout_s=10.0,
+        load_timeout_s=20.0,
+        relaunch_timeout_s=15.0,
     )
+    return attrs.evolve(base, **changes)
 
 
 @attrs.frozen
@@ -57,7 +65,10 @@ class Scope:
     max_failures: int = 3  # GroupFailed reports in all
     probes: bool = False
     pins: bool = False
-    partial_syncs: bool = False  # the trainer may leave one up group out of a sync
+    partial_syncs: bool = True  # the trainer may leave one up group out of a sync
+    late_syncs: bool = True  # a sync may list a group's previous incarnation
+    sink_failures: bool = False  # the journal sink may raise
+    deadlines: bool = True  # time may pass (ticks)
     shutdown: bool = True
     config: RecoveryConfig = attrs.field(factory=small_config)
 
@@ -66,36 +77,50 @@ class Scope:
 class Action:
     actor: str
     kind: str
-    target: str | int | None = None
+    target: str | int | float | None = None
 
     def __str__(self) -> str:
         return self.kind if self.target is None else f"{self.kind}({self.target})"
 
 
+def _proc(target: str) -> tuple[str, int]:
+    group, _, incarnation = target.partition("#")
+    return group, int(incarnation)
+
+
+class SinkFailure(OSError):
+    """The simulated journal sink's failure (a full disk)."""
+
+
 class Sim:
-    def __init__(
-        self,
-        scope: Scope | None = None,
-        controller: type[RecoveryController] = RecoveryController,
-    ) -> None:
+    def __init__(self, scope: Scope | None = None, rules: type[Rules] = Rules) -> None:
         self.scope = scope or Scope()
         self.records: list[dict[str, Any]] = []
-        self.controller = controller(self.scope.config, journal=self.records.append)
+        self.sink_armed = False
+        self.controller = RecoveryController(self.scope.config, journal=self._sink, rules=rules)
         self.world = World(self.scope.config)
         self.now = 0.0
         self.failures = 0
         self.trace: list[str] = []
         self.delivered: list[ev.Event] = []
         for name in self.scope.groups:
-            problems = self._send(ev.GroupRegistered(name, 0, self.now))
+            problems = self._send(ev.GroupRegistered(name, 0, at=self.now))
             assert not problems, problems
+
+    def _sink(self, record: dict[str, Any]) -> None:
+        """Keeps every record for replay; raises to the controller when armed."""
+        self.records.append({k: v for k, v in record.items() if k != "lost"})
+        if self.sink_armed:
+            self.sink_armed = False
+            raise SinkFailure(28, "No space left on device (simulated)")
 
     def fork(self) -> Sim:
         """An independent copy: the explorer tries every action from one state."""
         child = Sim.__new__(Sim)
         child.scope = self.scope
         child.records = list(self.records)
-        child.controller = self.controller.fork(journal=child.records.append)
+        child.sink_armed = self.sink_armed
+        child.controller = self.controller.fork(journal=child._sink)
         child.world = copy.deepcopy(self.world)
         child.now = self.now
         child.failures = self.failures
@@ -107,47 +132,75 @@ class Sim:
 
     def actions(self) -> list[Action]:
         w, s = self.world, self.scope
-        c = self.controller
         out: list[Action] = []
         if not w.closed:
-            up = self._up()
             if w.fleet < s.max_version:
                 out.append(Action(TRAINER, "sync"))
                 if s.partial_syncs:
-                    out += [Action(TRAINER, "sync_without", g) for g in up]
+                    out += [Action(TRAINER, "sync_without", g) for g in self._up()]
+                if s.late_syncs:
+                    out += [
+                        Action(TRAINER, "sync_late", g)
+                        for g, p in w.procs.items()
+                        if p.incarnation > 1
+                    ]
             if w.fleet not in w.started:
                 out.append(Action(TRAINER, "export"))
                 if s.pins:
                     out.append(Action(TRAINER, "export_pinned"))
             if s.pins:
                 out += [Action(TRAINER, "pin", v) for v in self._pinnable()]
-            if any(c.group_state(g) == "awaiting_checkpoint" for g in s.groups):
-                out.append(Action(TRAINER, "tick"))
             if s.shutdown:
                 out.append(Action(TRAINER, "shutdown"))
             if self.failures < s.max_failures:
                 out += [
                     Action(HEALTH, "fail", g)
-                    for g in s.groups
-                    if w.procs[g].status in {"up", "loading", "relaunching"}
+                    for g, p in w.procs.items()
+                    if p.status in {"up", "loading", "relaunching"}
                 ]
             if s.probes:
-                serving = [g for g in s.groups if c.group_state(g) in {"active", "suspect"}]
+                serving = [g for g, v in self.controller.groups().items() if v.state in {"active", "suspect"}]
                 out += [Action(HEALTH, "probe_failed", g) for g in serving]
                 out += [Action(HEALTH, "probe_ok", g) for g in serving]
+        if s.deadlines:
+            out += [Action(TRAINER, "tick", d) for d in self._tick_amounts()]
+        if s.sink_failures and not self.sink_armed:
+            out.append(Action(SCHEDULER, "sink_fails"))
         for v in sorted(w.exports):
             out += [Action(SCHEDULER, k, v) for k in ("commit", "export_fails", "export_cancelled")]
-        for g in s.groups:
+        for g, i in sorted(w.loads):
+            out += [Action(SCHEDULER, k, f"{g}#{i}") for k in ("loaded", "load_fails")]
+        for g, i in sorted(w.relaunches):
+            out += [Action(SCHEDULER, k, f"{g}#{i}") for k in ("relaunched", "relaunch_fails")]
+        for g, i in sorted(set(w.loads) | w.relaunches):
             p = w.procs[g]
-            if p.load is not None:
-                out += [Action(SCHEDULER, "loaded", g), Action(SCHEDULER, "load_fails", g)]
-            if p.status == "relaunching":
-                out += [Action(SCHEDULER, "relaunched", g), Action(SCHEDULER, "relaunch_fails", g)]
+            if p.incarnation != i or p.status not in {"loading", "relaunching"}:
+                out.append(Action(SCHEDULER, "killed_dies", f"{g}#{i}"))
         out += [Action(SCHEDULER, "deleted", v) for v in sorted(set(w.deleting.values()))]
         return out
 
+    def _waits(self) -> list[float]:
+        """Seconds until each running wait reaches its deadline."""
+        c, w = self.scope.config, self.world
+        limits = {
+            "down": c.await_checkpoint_timeout_s,
+            "loading": c.load_timeout_s,
+            "relaunching": c.relaunch_timeout_s,
+        }
+        return sorted(
+            {p.since + limits[p.status] - self.now for p in w.procs.values() if p.status in limits}
+        )
+
+    def _tick_amounts(self) -> list[float]:
+        """Land exactly on the next deadline, and just before it."""
+        waits = [d for d in self._waits() if d >= 0]
+        if not waits:
+            return []
+        edge = waits[0]
+        return sorted({edge, max(edge - 1.0, 0.0)})
+
     def _up(self) -> list[str]:
-        return [g for g in self.scope.groups if self.world.procs[g].status == "up"]
+        return [g for g, p in self.world.procs.items() if p.status == "up"]
 
     def _pinnable(self) -> list[int]:
         w = self.world
@@ -157,51 +210,59 @@ class Sim:
     def event_for(self, a: Action) -> ev.Event:
         w, now = self.world, self.now
         k, t = a.kind, a.target
-        if k == "sync":
-            return ev.WeightsSynced(w.fleet + 1, frozenset(self._up()), now)
-        if k == "sync_without":
-            return ev.WeightsSynced(w.fleet + 1, frozenset(self._up()) - {t}, now)
+        if k in {"sync", "sync_without", "sync_late"}:
+            pushed = {g: w.procs[g].incarnation for g in self._up() if g != t}
+            if k == "sync_late" and isinstance(t, str):
+                pushed[t] = w.procs[t].incarnation - 1  # that process died after the push
+            return ev.WeightsSynced(w.fleet + 1, pushed, at=now)
         if k in {"export", "export_pinned"}:
-            return ev.ExportStarted(w.fleet, now, pinned=k == "export_pinned")
-        if k == "tick":
-            return ev.Tick(now + self.scope.config.await_checkpoint_timeout_s)
+            return ev.ExportStarted(w.fleet, pinned=k == "export_pinned", at=now)
+        if k == "tick" and isinstance(t, float):
+            return ev.Tick(at=now + t)
         if k == "shutdown":
-            return ev.Shutdown(now)
+            return ev.Shutdown(at=now)
         if isinstance(t, int):
             if k == "pin":
-                return ev.CheckpointPinned(t, now)
+                return ev.CheckpointPinned(t, at=now)
             if k == "commit":
-                return ev.ExportCommitted(t, checkpoint_path(t), now)
+                return ev.ExportCommitted(t, checkpoint_path(t), at=now)
             if k == "export_fails":
-                return ev.ExportFailed(t, "OSError: [Errno 28] No space left on device", now)
+                return ev.ExportFailed(t, "OSError: [Errno 28] No space left on device", at=now)
             if k == "export_cancelled":
-                return ev.ExportCancelled(t, now)
+                return ev.ExportCancelled(t, at=now)
             if k == "deleted":
-                return ev.CheckpointDeleted(t, now)
-        if isinstance(t, str):
-            load = w.procs[t].load
-            if k == "fail":
-                return ev.GroupFailed(t, now, reason="injected")
-            if k == "probe_failed":
-                return ev.ProbeFailed(t, now)
-            if k == "probe_ok":
-                return ev.ProbeOk(t, now)
-            if k == "loaded" and load is not None:
-                return ev.RestartLoaded(t, load.lease, now)
-            if k == "load_fails" and load is not None:
-                return ev.RestartLoadFailed(t, load.lease, now, error="injected")
+                return ev.CheckpointDeleted(t, at=now)
+        if isinstance(t, str) and "#" in t:
+            g, i = _proc(t)
+            if k == "loaded":
+                return ev.RestartLoaded(g, i, at=now)
+            if k == "load_fails":
+                return ev.RestartLoadFailed(g, i, error="injected", at=now)
             if k == "relaunched":
-                return ev.Relaunched(t, now)
+                return ev.Relaunched(g, i, at=now)
             if k == "relaunch_fails":
-                return ev.RelaunchFailed(t, now, error="injected")
+                return ev.RelaunchFailed(g, i, error="injected", at=now)
+            if k == "killed_dies":
+                return ev.GroupFailed(g, i, reason="killed", at=now)
+        if isinstance(t, str):
+            i = w.procs[t].incarnation
+            if k == "fail":
+                return ev.GroupFailed(t, i, reason="injected", at=now)
+            if k == "probe_failed":
+                return ev.ProbeFailed(t, i, at=now)
+            if k == "probe_ok":
+                return ev.ProbeOk(t, i, at=now)
         raise ValueError(f"action {a} is not enabled here")
 
     # -- doing it ------------------------------------------------------------------------
 
     def step(self, action: Action) -> list[str]:
         """Take one enabled action; return every violation it revealed (empty: none)."""
-        event = self.event_for(action)
         self.trace.append(str(action))
+        if action.kind == "sink_fails":
+            self.sink_armed = True
+            return []
+        event = self.event_for(action)
         if action.kind == "fail":
             self.failures += 1
         return self._send(event)
@@ -217,12 +278,16 @@ class Sim:
 
     def _send(self, event: ev.Event) -> list[str]:
         self.now = event.at
+        armed = self.sink_armed
         try:
             effects = self.controller.handle(event)
         except RecoveryError as err:
             return self._found([f"the controller refused {event!r}, which really happened: {err}"])
         except Exception as err:  # a crash is a finding, not a test error
-            return [f"the controller crashed on {event!r}: {type(err).__name__}: {err}"]
+            lost = " (the journal sink had failed: effects lost)" if armed else ""
+            return self._found(
+                [f"the controller raised on {event!r}{lost}: {type(err).__name__}: {err}"]
+            )
         if isinstance(event, _DUPLICABLE):
             self.delivered.append(event)
         problems = self.world.observe(event, effects)
@@ -251,9 +316,10 @@ class Sim:
     # -- liveness ------------------------------------------------------------------------
 
     def settle(self, max_steps: int | None = None) -> list[str]:
-        """No more failures; every effect completes and the trainer keeps syncing. Within
-        a bounded number of such fair steps every group must be active, retired or stopped."""
-        bound = max_steps if max_steps is not None else 8 * len(self.scope.groups) + 8
+        """No more failures; every effect completes and the trainer keeps syncing and
+        exporting. Within a bounded number of such fair steps every group must be active,
+        retired or stopped, having come back the way the rules say (see ``outcomes``)."""
+        bound = max_steps if max_steps is not None else 10 * len(self.scope.groups) + 10
         for _ in range(bound):
             problems = self._unsettled()
             if not problems:
@@ -270,12 +336,20 @@ class Sim:
             return self._found([f"not settled after {bound} fair steps: {'; '.join(leftover)}"])
         return []
 
+    def outcomes(self) -> dict[str, str]:
+        """Where each group settled and, if it restarted, by which path last."""
+        out = {}
+        for g, view in self.controller.groups().items():
+            p = self.world.procs[g]
+            via = f" ({p.via} restart)" if p.via else ""
+            out[g] = f"{view.state} as #{view.incarnation}{via}"
+        return out
+
     def _unsettled(self) -> list[str]:
         out = []
-        for g in self.scope.groups:
-            state = self.controller.group_state(g)
-            if state not in {"active", "suspect", "retired", "stopped"}:
-                out.append(f"group {g} is {state}")
+        for g, view in self.controller.groups().items():
+            if view.state not in {"active", "suspect", "retired", "stopped"}:
+                out.append(f"group {g} is {view.state}")
         if not self.world.quiescent:
             out.append("effects still pending")
         return out
@@ -285,21 +359,21 @@ class Sim:
         w = self.world
         if w.deleting:
             return Action(SCHEDULER, "deleted", min(w.deleting.values()))
-        for g in self.scope.groups:
-            if w.procs[g].load is not None:
-                return Action(SCHEDULER, "loaded", g)
-            if w.procs[g].status == "relaunching":
-                return Action(SCHEDULER, "relaunched", g)
+        for g, i in sorted(w.loads):
+            return Action(SCHEDULER, "loaded", f"{g}#{i}")
+        for g, i in sorted(w.relaunches):
+            return Action(SCHEDULER, "relaunched", f"{g}#{i}")
         if w.exports:
             v, x = min(w.exports.items())
             return Action(SCHEDULER, "export_cancelled" if x.cancel_requested else "commit", v)
         if w.closed:
             return None
-        states = {self.controller.group_state(g) for g in self.scope.groups}
-        if "awaiting_checkpoint" in states and w.fleet not in w.started:
+        waiting = any(p.status == "down" for p in w.procs.values())
+        if waiting and w.fleet not in w.started:
             return Action(TRAINER, "export")
-        if "awaiting_checkpoint" in states:
-            return Action(TRAINER, "tick")
+        if waiting:
+            return Action(TRAINER, "tick", self._waits()[0])
+        states = {v.state for v in self.controller.groups().values()}
         if "pending_weights" in states:
             return Action(TRAINER, "sync")  # beyond max_version: fairness needs progress
         return None
@@ -307,33 +381,31 @@ class Sim:
     # -- for the explorer and for reports -------------------------------------------------
 
     def key(self) -> str:
-        """Two states with equal keys behave the same from here on (ids and clocks
-        normalised), so the explorer visits each once."""
+        """Two states with equal keys behave the same from here on (clocks as time left
+        until each deadline), so the explorer visits each once."""
         snap = self.controller.snapshot()
-        timeout = self.scope.config.await_checkpoint_timeout_s
-        # A group holds at most one lease: name each by its holder, not by grant order.
-        rename = {lid: f"lease-of-{lease['group']}" for lid, lease in snap["leases"].items()}
         for g in snap["groups"].values():
-            if g["lease"] is not None:
-                g["lease"] = rename.get(g["lease"], g["lease"])
-            since = g.pop("awaiting_since")
-            g["expired"] = None if since is None else self.now - since >= timeout
-        snap["leases"] = {rename[k]: {**v, "id": rename[k]} for k, v in snap["leases"].items()}
-        for field in ("now", "lease_seq", "released"):
-            snap.pop(field)
+            since = g.pop("since")
+            g["waited"] = None if since is None else self.now - since
+        snap.pop("now")
         w = self.world
         world = {
             "fleet": w.fleet,
             "closed": w.closed,
             "procs": {
                 n: [
+                    p.incarnation,
                     p.status,
                     p.holds,
                     p.probe_failures,
-                    p.load and [rename.get(p.load.lease), p.load.path],
+                    p.restarts,
+                    self.now - p.since if p.status in {"down", "loading", "relaunching"} else None,
                 ]
                 for n, p in sorted(w.procs.items())
             },
+            "loads": sorted((f"{g}#{i}", x.path) for (g, i), x in w.loads.items()),
+            "relaunches": sorted(f"{g}#{i}" for g, i in w.relaunches),
+            "routed": sorted(w.routed.items()),
             "recovery": {n: [r.state, r.streak] for n, r in sorted(w.recovery.items())},
             "exports": {v: [x.pinned, x.cancel_requested] for v, x in sorted(w.exports.items())},
             "current": [w.fleet in w.started, w.fleet in w.committed],
@@ -341,6 +413,7 @@ class Sim:
             "disk": sorted(w.disk.items()),
             "deleting": sorted(w.deleting.items()),
             "failures": self.failures,
+            "sink": self.sink_armed,
         }
         return json.dumps([snap, world], sort_keys=True, default=str)
 

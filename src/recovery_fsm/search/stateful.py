@@ -4,7 +4,7 @@ interleaving. Needs ``hypothesis`` (the ``dev`` extra).
 
     RaceSearch = race_search()                      # the real controller
     TestRaces = RaceSearch.TestCase                 # for pytest / unittest
-    run_state_machine_as_test(race_search(MyController))
+    run_state_machine_as_test(race_search(MyRules))
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+import attrs
 
-from ..controller import RecoveryController
-from .sim import TRAINER, Action, Scope, Sim
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from ..rules import Rules
+from .sim import TRAINER, Action, Scope, Sim, small_config
 
 # Hypothesis searches a wider world than the explorer: three groups, probes, pins,
 # syncs that leave a group out, more versions and failures.
@@ -28,6 +30,8 @@ WIDE = Scope(
     probes=True,
     pins=True,
     partial_syncs=True,
+    late_syncs=True,
+    sink_failures=True,
 )
 
 
@@ -37,10 +41,22 @@ TRAINER_STEPS = frozenset({"sync", "export", "tick"})
 EXPORT = frozenset({"export"})
 FAILURES = frozenset({"fail"})
 COMPLETIONS = frozenset({"commit", "loaded", "relaunched", "deleted"})
-MISHAPS = frozenset({"export_fails", "export_cancelled", "load_fails", "relaunch_fails"})
+MISHAPS = frozenset(
+    {"export_fails", "export_cancelled", "load_fails", "relaunch_fails", "killed_dies"}
+)
 # "sync" here is a sync before the current version was exported at all.
 RARE = frozenset(
-    {"sync", "sync_without", "export_pinned", "pin", "shutdown", "probe_failed", "probe_ok"}
+    {
+        "sync",
+        "sync_without",
+        "sync_late",
+        "export_pinned",
+        "pin",
+        "shutdown",
+        "probe_failed",
+        "probe_ok",
+        "sink_fails",
+    }
 )
 
 
@@ -62,21 +78,32 @@ class RaceFound(AssertionError):
 
 
 def race_search(
-    controller: type[RecoveryController] = RecoveryController,
+    rules: type[Rules] = Rules,
     scope: Scope = WIDE,
     journal_dir: str | os.PathLike[str] | None = None,
 ) -> type[RuleBasedStateMachine]:
-    """A RuleBasedStateMachine class searching races in ``controller``. A failing example
-    is written to ``journal_dir`` as a journal (the shrunk one is written last)."""
+    """A RuleBasedStateMachine class searching races in a controller with ``rules``. Each
+    example draws its own N (clean syncs to re-enable), restart budget and probe threshold.
+    A failing example is written to ``journal_dir`` as a journal (the shrunk one last)."""
 
     class RaceSearch(RuleBasedStateMachine):
         examples = 0  # how many examples ran: the search benchmark reads it
 
+        sim: Sim
+
         def __init__(self) -> None:
             super().__init__()
             type(self).examples += 1
-            self.sim = Sim(scope, controller)
             self.failed = False
+
+        @initialize(
+            n=st.integers(1, 3), budget=st.integers(1, 4), threshold=st.integers(1, 3)
+        )
+        def configure(self, n: int, budget: int, threshold: int) -> None:
+            config = small_config(
+                clean_syncs_to_reenable=n, restart_budget=budget, suspect_threshold=threshold
+            )
+            self.sim = Sim(attrs.evolve(scope, config=config), rules)
 
         def _check(self, problems: list[str]) -> None:
             if not problems:
@@ -84,7 +111,7 @@ def race_search(
             self.failed = True  # teardown must not bury this finding under another
             journal = None
             if journal_dir is not None:
-                name = f"race-{controller.__name__}.jsonl"
+                name = f"race-{rules.__name__}.jsonl"
                 journal = self.sim.write_journal(Path(journal_dir) / name)
             raise RaceFound(problems, self.sim.trace, journal)
 
@@ -128,17 +155,16 @@ def race_search(
             """A completion is delivered again, late."""
             self._check(self.sim.duplicate(index))
 
-        @precondition(lambda self: not self.sim.actions())
-        @rule()
-        def time_passes(self) -> None:
-            """Nothing else can happen (say, after shutdown): time goes by."""
-            self._check(self.sim.step(Action(TRAINER, "tick")))
+        @rule(seconds=st.floats(0.0, 25.0, allow_nan=False))
+        def time_passes(self, seconds: float) -> None:
+            """Time passes by a drawn amount (the trainer's ticks land on deadlines too)."""
+            self._check(self.sim.step(Action(TRAINER, "tick", seconds)))
 
         def teardown(self) -> None:
             """Liveness from wherever the example ended: failures stop, effects complete
             fairly, and every group must end active, retired or stopped."""
-            if not self.failed:
+            if not self.failed and hasattr(self, "sim"):
                 self._check(self.sim.settle())
 
-    RaceSearch.__name__ = RaceSearch.__qualname__ = f"RaceSearch[{controller.__name__}]"
+    RaceSearch.__name__ = RaceSearch.__qualname__ = f"RaceSearch[{rules.__name__}]"
     return RaceSearch

@@ -2,9 +2,11 @@
 
 The controller's invariants are its own contract. ``World`` is kept independently by the
 search: it learns only from the events that happened and the effects the controller asked
-for, tracks what is on disk and in each group's process, and flags every request that would
-hurt in the real system (a delete under a reader, a restart from a file that is not there,
-a group routed with weights it does not hold, a lease the controller forgot).
+for, tracks what is on disk, which process of each group runs and what it holds, which
+loaders read which path and what the router sends traffic to, and restates every rule of
+recovery in its own terms: the restart budget, each deadline, the clean-sync streak, the
+choice between an immediate and a cold restart. It flags every request that would hurt in
+the real system and every rule the controller did not keep.
 
 It is fed accepted events only, so ``recovery-fsm replay`` can run it over any journal.
 """
@@ -15,25 +17,29 @@ import attrs
 
 from .. import effects as fx
 from .. import events as ev
-from ..controller import RecoveryConfig, RecoveryController
+from ..controller import RecoveryController
+from ..machines import SERVING
+from ..rules import RecoveryConfig
 
 
 @attrs.define
 class Load:
-    lease: str
     path: str
     version: int
 
 
 @attrs.define
 class Proc:
-    """One group's process as the runtime sees it."""
+    """A group's current process as the runtime sees it."""
 
+    incarnation: int = 1
     # up | down | loading | relaunching | retired | stopped
     status: str = "up"
     holds: int | None = None  # the weight version in memory while up
-    load: Load | None = None  # a loader reading a checkpoint (survives a stop until it reports)
+    since: float = 0.0  # when the current status began
     probe_failures: int = 0
+    restarts: int = 0
+    via: str | None = None  # how the last restart went: "immediate" or "cold"
 
 
 @attrs.define
@@ -44,19 +50,28 @@ class Export:
 
 @attrs.define
 class Recovery:
-    """The spec of immediate recovery, restated: cool on a missed export or a failed
-    restart, back after N clean syncs in a row."""
+    """Immediate recovery restated: cool on a missed export or a failed restart (also one
+    killed at its deadline), back after N clean syncs in a row."""
 
     state: str
     streak: int = 0
+
+    def cool(self) -> None:
+        self.streak = 0
+        if self.state == "enabled":
+            self.state = "cooldown"
 
 
 @attrs.define
 class World:
     config: RecoveryConfig
     fleet: int = 0
+    now: float = 0.0
     closed: bool = False
     procs: dict[str, Proc] = attrs.Factory(dict)
+    loads: dict[tuple[str, int], Load] = attrs.Factory(dict)  # loaders still running
+    relaunches: set[tuple[str, int]] = attrs.Factory(set)  # cold starts still running
+    routed: dict[str, int] = attrs.Factory(dict)  # group -> incarnation the router uses
     recovery: dict[str, Recovery] = attrs.Factory(dict)
     exports: dict[int, Export] = attrs.Factory(dict)  # in flight
     started: set[int] = attrs.Factory(set)
@@ -64,25 +79,27 @@ class World:
     pinned: set[int] = attrs.Factory(set)
     disk: dict[str, int] = attrs.Factory(dict)  # committed directories: path -> version
     deleting: dict[str, int] = attrs.Factory(dict)  # deletes asked for, not done yet
-    leases_seen: set[str] = attrs.Factory(set)
 
     # -- what happened -------------------------------------------------------------------
 
     def observe(self, event: ev.Event, effects: tuple[fx.Effect, ...]) -> list[str]:
         """Apply one accepted event and the effects it produced; return what went wrong."""
         out: list[str] = []
+        self.now = event.at
         self._event(event, out)
         for effect in effects:
             self._effect(effect, out)
+        if isinstance(event, ev.Tick):
+            self._deadlines(out)
         return out
 
     def _event(self, e: ev.Event, out: list[str]) -> None:
         if isinstance(e, ev.GroupRegistered):
-            self.procs[e.group] = Proc("up", holds=e.version)
+            self.procs[e.group] = Proc(holds=e.version, since=e.at)
             start = "enabled" if self.config.immediate_recovery else "disabled"
             self.recovery[e.group] = Recovery(start)
         elif isinstance(e, ev.WeightsSynced):
-            self._sync(e, out)
+            self._sync(e)
         elif isinstance(e, ev.ExportStarted):
             self.exports[e.version] = Export(e.pinned)
             self.started.add(e.version)
@@ -102,42 +119,52 @@ class World:
             self._deleted(e.version, out)
         elif isinstance(e, ev.Shutdown):
             self.closed = True
+            for p in self.procs.values():
+                if p.status == "down":  # waiting for a checkpoint: nothing left to stop
+                    p.status = "stopped"
         elif isinstance(e, ev.ProbeFailed):
             p = self.procs[e.group]
             p.probe_failures += 1
             if p.probe_failures >= self.config.suspect_threshold:
                 # The health manager gives up on it; the runtime kills it before a restart.
-                p.status, p.holds, p.probe_failures = "down", None, 0
+                self._dies(e.group, e.incarnation)
         elif isinstance(e, ev.ProbeOk):
             self.procs[e.group].probe_failures = 0
         elif isinstance(e, ev.GroupFailed):
-            p = self.procs[e.group]
-            p.status, p.holds, p.load, p.probe_failures = "down", None, None, 0
+            self._dies(e.group, e.incarnation)
         elif isinstance(e, (ev.RestartLoaded, ev.RestartLoadFailed)):
             self._load_done(e, out)
-        elif isinstance(e, ev.Relaunched):
+        elif isinstance(e, (ev.Relaunched, ev.RelaunchFailed)):
+            self.relaunches.discard((e.group, e.incarnation))
             p = self.procs[e.group]
-            p.status, p.holds = "up", None
-        elif isinstance(e, ev.RelaunchFailed):
-            self.procs[e.group].status = "down"
+            if p.incarnation == e.incarnation and p.status == "relaunching":
+                up = isinstance(e, ev.Relaunched)
+                p.status, p.holds, p.since = ("up" if up else "down"), None, e.at
 
-    def _sync(self, e: ev.WeightsSynced, out: list[str]) -> None:
+    def _dies(self, group: str, incarnation: int) -> None:
+        """That process is gone, and with it whatever it was reading."""
+        self.loads.pop((group, incarnation), None)
+        self.relaunches.discard((group, incarnation))
+        p = self.procs[group]
+        if p.incarnation == incarnation and p.status not in {"retired", "stopped"}:
+            p.status, p.holds, p.probe_failures, p.since = "down", None, 0, self.now
+
+    def _sync(self, e: ev.WeightsSynced) -> None:
         old = self.fleet
         clean = old in self.committed
         missed = old in self.started and not clean
         for rec in self.recovery.values():
             if missed:
-                rec.streak = 0
-                if rec.state == "enabled":
-                    rec.state = "cooldown"
+                rec.cool()
             elif clean and rec.state == "cooldown":
                 rec.streak += 1
                 if rec.streak >= self.config.clean_syncs_to_reenable:
                     rec.state, rec.streak = "enabled", 0
         self.fleet = e.version
-        for name in e.groups:
+        for name, incarnation in e.groups.items():
             p = self.procs[name]
-            if p.status == "up":  # the trainer's push reaches only live processes
+            # The push reached that process only; a successor never got it.
+            if p.incarnation == incarnation and p.status == "up":
                 p.holds = e.version
 
     def _deleted(self, version: int, out: list[str]) -> None:
@@ -146,142 +173,209 @@ class World:
             out.append(f"checkpoint {version} was deleted, but nobody asked for that")
             return
         for path in paths:
-            for name in self._readers(path):
-                out.append(f"{path} was deleted while group {name} was still loading it")
+            for reader in self._readers(path):
+                out.append(f"{path} was deleted while {reader} was still loading it")
             self.deleting.pop(path)
             self.disk.pop(path, None)
 
     def _load_done(self, e: ev.RestartLoaded | ev.RestartLoadFailed, out: list[str]) -> None:
-        p = self.procs[e.group]
-        load = p.load
-        if load is None or load.lease != e.lease:
-            out.append(f"group {e.group} reported lease {e.lease}, but no such load runs")
+        load = self.loads.pop((e.group, e.incarnation), None)
+        if load is None:
+            out.append(f"group {e.group} incarnation {e.incarnation} reported a load none runs")
             return
-        p.load = None
-        if p.status != "loading":
-            return  # stopped meanwhile: the loader only reports to give its lease back
+        p = self.procs[e.group]
+        if p.incarnation != e.incarnation or p.status != "loading":
+            return  # killed or stopped meanwhile: the loader only reports to end its start
         if isinstance(e, ev.RestartLoadFailed):
-            p.status = "down"
-            rec = self.recovery[e.group]
-            rec.streak = 0
-            if rec.state == "enabled":
-                rec.state = "cooldown"
+            p.status, p.since = "down", e.at
+            self.recovery[e.group].cool()
             return
         if load.path not in self.disk:
             out.append(f"group {e.group} finished loading {load.path}, which is not on disk")
-        p.status, p.holds = "up", self.disk.get(load.path)
+        p.status, p.holds, p.since = "up", self.disk.get(load.path), e.at
 
     def _effect(self, f: fx.Effect, out: list[str]) -> None:
         if isinstance(f, fx.RestartFromCheckpoint):
-            self._restart(f, out)
+            self._restart_from(f, out)
         elif isinstance(f, fx.RestartCold):
-            self._down(f.group, "cold restart", out).status = "relaunching"
-        elif isinstance(f, fx.ReadmitGroup):
-            p = self.procs[f.group]
-            if p.status != "up" or p.holds != f.version:
+            p = self._start(f.group, f.incarnation, "cold restart", out)
+            if self.recovery[f.group].state == "enabled" and self._current_ready():
                 out.append(
-                    f"group {f.group} readmitted as serving version {f.version}, but it is "
-                    f"{p.status} holding version {p.holds}"
+                    f"cold restart of group {f.group}, though C({self.fleet}) is committed "
+                    "and its immediate recovery is enabled"
                 )
-            if f.version != self.fleet:
-                out.append(
-                    f"group {f.group} readmitted on version {f.version}; fleet is {self.fleet}"
-                )
+            p.status, p.via = "relaunching", "cold"
+            self.relaunches.add((f.group, f.incarnation))
+        elif isinstance(f, fx.RouteTraffic):
+            self._route(f, out)
+        elif isinstance(f, fx.WithdrawTraffic):
+            if self.routed.get(f.group) != f.incarnation:
+                out.append(f"traffic withdrawn from {f.group}#{f.incarnation}, never routed to")
+            self.routed.pop(f.group, None)
         elif isinstance(f, fx.RetireGroup):
-            self._down(f.group, "retirement", out).status = "retired"
+            p = self.procs[f.group]
+            if p.status != "down":
+                out.append(f"retirement of group {f.group}, which is {p.status}")
+            if p.restarts < self.config.restart_budget:
+                out.append(
+                    f"group {f.group} retired after {p.restarts} restarts; the budget is "
+                    f"{self.config.restart_budget}"
+                )
+            p.status = "retired"
         elif isinstance(f, fx.StopGroup):
-            self.procs[f.group].status = "stopped"
+            self._stop(f, out)
         elif isinstance(f, fx.CancelExport):
             if f.version in self.exports:
                 self.exports[f.version].cancel_requested = True
         elif isinstance(f, fx.DeleteCheckpoint):
             self._delete_asked(f, out)
 
-    def _restart(self, f: fx.RestartFromCheckpoint, out: list[str]) -> None:
-        if f.lease in self.leases_seen:
-            out.append(f"lease {f.lease} was granted twice")
-        self.leases_seen.add(f.lease)
+    def _start(self, group: str, incarnation: int, what: str, out: list[str]) -> Proc:
+        """A new incarnation of a dead group's process, within its restart budget."""
+        p = self.procs[group]
+        if p.status != "down":
+            out.append(f"{what} of group {group}, which is {p.status}")
+        if incarnation != p.incarnation + 1:
+            out.append(f"{what} of group {group} as incarnation {incarnation} after {p.incarnation}")
+        if p.restarts >= self.config.restart_budget:
+            out.append(f"{what} of group {group} beyond its budget of {p.restarts} restarts")
+        p.incarnation, p.holds, p.since, p.probe_failures = incarnation, None, self.now, 0
+        p.restarts += 1
+        return p
+
+    def _restart_from(self, f: fx.RestartFromCheckpoint, out: list[str]) -> None:
         if f.path not in self.disk:
             out.append(f"group {f.group} restarts from {f.path}, which is not a checkpoint on disk")
         elif self.disk[f.path] != f.version:
-            out.append(f"{f.path} holds version {self.disk[f.path]}, not {f.version}")
+            out.append(f"{f.path} holds version {f.version}, not {self.disk[f.path]}")
         if f.path in self.deleting:
             out.append(f"group {f.group} restarts from {f.path}, whose delete is under way")
         if f.version != self.fleet:
             out.append(f"group {f.group} restarts from version {f.version}; fleet is {self.fleet}")
-        p = self._down(f.group, "restart", out)
-        p.status, p.holds, p.load = "loading", None, Load(f.lease, f.path, f.version)
+        if self.recovery[f.group].state != "enabled":
+            out.append(
+                f"group {f.group} restarts from a checkpoint while its immediate recovery "
+                f"is {self.recovery[f.group].state}"
+            )
+        p = self._start(f.group, f.incarnation, "restart", out)
+        p.status, p.via = "loading", "immediate"
+        self.loads[(f.group, f.incarnation)] = Load(f.path, f.version)
 
-    def _down(self, group: str, what: str, out: list[str]) -> Proc:
-        """The process an effect acts on, which must be dead by then."""
-        p = self.procs[group]
-        if p.status != "down":
-            out.append(f"{what} of group {group}, which is {p.status}")
-        return p
+    def _route(self, f: fx.RouteTraffic, out: list[str]) -> None:
+        p = self.procs[f.group]
+        if p.incarnation != f.incarnation or p.status != "up" or p.holds != f.version:
+            out.append(
+                f"traffic routed to {f.group}#{f.incarnation} on version {f.version}, but "
+                f"its process #{p.incarnation} is {p.status} holding version {p.holds}"
+            )
+        if f.version != self.fleet:
+            out.append(f"traffic routed to {f.group} on version {f.version}; fleet is {self.fleet}")
+        if f.group in self.routed:
+            out.append(f"traffic routed to {f.group} twice without a withdrawal")
+        self.routed[f.group] = f.incarnation
+
+    def _stop(self, f: fx.StopGroup, out: list[str]) -> None:
+        p = self.procs[f.group]
+        if p.incarnation != f.incarnation:
+            out.append(f"stop of {f.group}#{f.incarnation}, whose process is #{p.incarnation}")
+            return
+        if f.reason == "shutdown":
+            if not self.closed:
+                out.append(f"group {f.group} stopped before shutdown")
+            p.status = "stopped"
+            return
+        # A start past its deadline: killed; it counts as a failed restart. Its loader keeps
+        # its lease until it reports, so the world keeps it reading until then.
+        if p.status not in {"loading", "relaunching"}:
+            out.append(f"{f.group}#{f.incarnation} killed for a {f.reason} while {p.status}")
+        if p.status == "loading":
+            self.recovery[f.group].cool()
+        p.status, p.holds, p.since = "down", None, self.now
 
     def _delete_asked(self, f: fx.DeleteCheckpoint, out: list[str]) -> None:
         if self.disk.get(f.path) != f.version:
             out.append(f"delete of {f.path} (version {f.version}), which is not on disk as such")
         if f.version in self.pinned:
             out.append(f"delete of pinned checkpoint {f.version}")
-        for name in self._readers(f.path):
-            out.append(f"delete of {f.path} asked while group {name} is loading it")
+        for reader in self._readers(f.path):
+            out.append(f"delete of {f.path} asked while {reader} is loading it")
         if f.path in self.deleting:
             out.append(f"delete of {f.path} asked twice")
         self.deleting[f.path] = f.version
 
     def _readers(self, path: str) -> list[str]:
-        return sorted(
-            n for n, p in self.procs.items() if p.load is not None and p.load.path == path
-        )
+        return sorted(f"{g}#{i}" for (g, i), load in self.loads.items() if load.path == path)
+
+    def _current_ready(self) -> bool:
+        return any(v == self.fleet for p, v in self.disk.items() if p not in self.deleting)
+
+    def _deadlines(self, out: list[str]) -> None:
+        """After a Tick no wait may be past its deadline."""
+        c = self.config
+        limits = {
+            "down": c.await_checkpoint_timeout_s,
+            "loading": c.load_timeout_s,
+            "relaunching": c.relaunch_timeout_s,
+        }
+        for name, p in self.procs.items():
+            limit = limits.get(p.status)
+            if limit is not None and self.now - p.since >= limit:
+                what = "waits for a checkpoint" if p.status == "down" else f"is {p.status}"
+                out.append(f"group {name} {what} {self.now - p.since:g} s, past its {limit:g} s")
 
     # -- checks after every step -----------------------------------------------------------
 
     @property
     def quiescent(self) -> bool:
         """Nothing outstanding in the real world: no write, load, relaunch or delete."""
-        return not (
-            self.exports
-            or self.deleting
-            or any(p.load is not None or p.status == "relaunching" for p in self.procs.values())
-        )
+        return not (self.exports or self.deleting or self.loads or self.relaunches)
 
     def check(self, c: RecoveryController) -> list[str]:
         out: list[str] = []
-        snap = c.snapshot()
-        live = {p.load.lease for p in self.procs.values() if p.load is not None}
-        if set(snap["leases"]) != live:
-            out.append(
-                f"controller holds leases {sorted(snap['leases'])}; loaders hold {sorted(live)}"
-            )
-        for v, ck in snap["checkpoints"].items():
-            readers = sum(1 for p in self.procs.values() if p.load and p.load.version == v)
-            if ck["leases"] != readers:
-                out.append(
-                    f"checkpoint {v} counts {ck['leases']} leases; {readers} loaders read it"
-                )
-        for name, g in snap["groups"].items():
+        live = {f"{g}#{i}" for g, i in self.loads}
+        if set(c.leases) != live:
+            out.append(f"controller holds leases {sorted(c.leases)}; loaders hold {sorted(live)}")
+        for v, ck in c.checkpoints().items():
+            readers = sum(1 for load in self.loads.values() if load.version == v)
+            if ck.leases != readers:
+                out.append(f"checkpoint {v} counts {ck.leases} leases; {readers} loaders read it")
+        for name, g in c.groups().items():
             p = self.procs[name]
-            if g["state"] in {"active", "suspect"} and (p.status != "up" or p.holds != self.fleet):
+            if g.state in SERVING and (p.status != "up" or p.holds != self.fleet):
                 out.append(
-                    f"group {name} is {g['state']} but its process is {p.status} "
+                    f"group {name} is {g.state} but its process #{p.incarnation} is {p.status} "
                     f"holding version {p.holds}; fleet is {self.fleet}"
                 )
-            expected = self.recovery[name].state
-            if g["recovery"]["state"] != expected:
+            if (g.state in SERVING) != (self.routed.get(name) == g.incarnation):
                 out.append(
-                    f"immediate recovery of {name} is {g['recovery']['state']}, expected {expected}"
+                    f"group {name} is {g.state} (#{g.incarnation}) but the router sends to "
+                    f"{self.routed.get(name)}"
+                )
+            expected = self.recovery[name].state
+            if g.recovery != expected:
+                out.append(f"immediate recovery of {name} is {g.recovery}, expected {expected}")
+            if p.status == "down" and self._current_ready() and expected == "enabled":
+                out.append(f"group {name} still waits though C({self.fleet}) is committed")
+        for name, incarnation in self.routed.items():
+            p = self.procs[name]
+            if p.incarnation != incarnation or p.status != "up" or p.holds != self.fleet:
+                out.append(
+                    f"traffic goes to {name}#{incarnation}, whose process #{p.incarnation} is "
+                    f"{p.status} holding version {p.holds}; fleet is {self.fleet}"
                 )
         for v, x in self.exports.items():
             stale = v < self.fleet or self.closed
             if stale and not x.pinned and not x.cancel_requested:
                 out.append(f"stale export of version {v} keeps running: nobody cancelled it")
+        drained = c.drained
         if self.quiescent:
             kept = sorted(v for v in self.disk.values() if v not in self.pinned)
-            if self.closed and not c.drained:
+            if self.closed and not drained:
                 out.append("shut down with nothing outstanding, yet the controller is not drained")
             if self.closed and kept:
                 out.append(f"shut down and quiescent, yet unpinned checkpoints {kept} remain")
             if not self.closed and any(v != self.fleet for v in kept):
                 out.append(f"quiescent with stale unpinned checkpoints {kept} on disk")
+        elif drained:
+            out.append("the controller says drained while work is still outstanding")
         return out

@@ -1,0 +1,690 @@
+"""The rules of recovery: every decision the controller makes, read top to bottom.
+
+Theory of operation
+-------------------
+Three kinds of machine (``machines.py``) are coupled through one number, the fleet's weight
+version v, and through leases:
+
+* C(v), one per exported checkpoint, is the only recovery source, and only while it is
+  ``ready`` (committed, of the current version). A newer sync makes it ``superseded`` (or an
+  export still running ``abandoned``); it becomes ``deletable`` only when no lease holds it.
+* A worker group runs one process at a time; each start of it is an *incarnation* numbered
+  by these rules. A start from C(v) holds a lease on C(v) until that incarnation's outcome is
+  reported (or it is reported dead). Only a process holding the fleet's version serves.
+* A group's immediate-recovery switch decides between booting from C(v) and a cold start.
+
+One line per event (``on_<Event>`` below, in this order):
+
+* WeightsSynced(v, {g: i})  the fleet moves to v. C(v-1) stops being a recovery source. The
+  sync is *clean* if C(v-1) had committed (each cooling switch counts it; N in a row re-enable)
+  or *missed* if its export was started but had not committed (every switch cools, streak 0).
+  Each up group whose listed incarnation is its current one now holds v (a pending one is
+  admitted); a serving group not so listed is demoted. A group awaiting C(v-1) goes cold.
+* ExportStarted(v)          C(v) is being written (v current, one export at a time).
+* ExportCommitted(v, path)  C(v) is ready and wakes every group awaiting it; a late commit of
+  an abandoned export is deleted at once unless pinned.
+* ExportFailed / ExportCancelled(v)  C(v) is gone; groups awaiting it go cold.
+* CheckpointPinned(v)       the user keeps C(v): it is never deleted.
+* CheckpointDeleted(v)      the files are gone.
+* Shutdown                  every group stops; checkpoints stop being sources. Outcomes of
+  starts still in flight are accepted afterwards, and drain the controller.
+* Tick                      deadlines: a wait for C(v) past its timeout goes cold; a load or a
+  relaunch past its deadline is killed and counts as a failed restart.
+* GroupRegistered(g, v)     incarnation 1 of g, serving if v is the fleet's version.
+* ProbeFailed / ProbeOk     a serving group turns suspect; at the threshold it has failed.
+* GroupFailed(g, i)         incarnation i is dead: its lease (if loading) ends with it.
+* RestartLoaded(g, i)       its load finished: the lease is released (which may reap C); it
+  serves if it loaded the fleet's version, else it waits for the next sync.
+* RestartLoadFailed(g, i)   the lease is released, recovery cools, the group has failed.
+* Relaunched / RelaunchFailed(g, i)  a cold start came up (waits for weights) or failed.
+
+A failed group (``_fail``) is retired once its restart budget is spent; otherwise it boots
+from C(v) if that is ready and its switch is enabled, waits if C(v) is being (or about to be)
+written, and goes cold in every other case.
+
+Every event is checked completely before anything changes (the ``_require_*`` helpers, which
+raise a typed ``RecoveryError``); only then do machines move. The hosting code
+(``controller.py``) serializes events, journals them and stops for good on any other error.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import attrs
+from statemachine import StateMachine
+
+from . import effects as fx
+from . import events as ev
+from .errors import (
+    EventNotAllowed,
+    MalformedEvent,
+    UnknownGroup,
+    UnknownVersion,
+    WrongIncarnation,
+)
+from .machines import (
+    COMMITTED,
+    GROUP_FINAL,
+    LOADING,
+    RELAUNCHING,
+    SERVING,
+    UP,
+    WAITING,
+    CheckpointMachine,
+    CheckpointRecord,
+    Fleet,
+    GroupRecord,
+    ImmediateRecoveryMachine,
+    RecoveryRecord,
+    WorkerGroupMachine,
+    sources,
+)
+
+
+def _positive_int(_inst: object, attr: attrs.Attribute[int], value: object) -> None:
+    if type(value) is not int or value < 1:
+        raise MalformedEvent(f"{attr.name} must be an int >= 1, got {value!r}")
+
+
+def _seconds(_inst: object, attr: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise MalformedEvent(f"{attr.name} must be a number of seconds >= 0, got {value!r}")
+
+
+def _flag(_inst: object, attr: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        raise MalformedEvent(f"{attr.name} must be True or False, got {value!r}")
+
+
+@attrs.frozen
+class RecoveryConfig:
+    """Knobs. Defaults follow what xtuner and NeMo-RL ship (3 probes, 5 restarts). The
+    deadlines assume a ``Tick`` about every second (see ``Tick``)."""
+
+    immediate_recovery: bool = attrs.field(default=True, validator=_flag)
+    clean_syncs_to_reenable: int = attrs.field(default=3, validator=_positive_int)
+    suspect_threshold: int = attrs.field(default=3, validator=_positive_int)
+    restart_budget: int = attrs.field(default=5, validator=_positive_int)
+    # A failed group waits this long for the current version's export before going cold.
+    await_checkpoint_timeout_s: float = attrs.field(default=300.0, validator=_seconds)
+    # A start from a checkpoint, or a cold start, past this long is killed and has failed.
+    load_timeout_s: float = attrs.field(default=600.0, validator=_seconds)
+    relaunch_timeout_s: float = attrs.field(default=600.0, validator=_seconds)
+    # The trainer exports after every sync: a group failing between the sync and the
+    # export's start waits for it instead of going cold.
+    export_every_sync: bool = attrs.field(default=True, validator=_flag)
+
+
+@attrs.frozen
+class Lease:
+    """Incarnation ``incarnation`` of ``group`` reads checkpoint ``version``."""
+
+    group: str
+    incarnation: int
+    version: int
+    # The fleet version when the lease was granted; equals ``version`` by rule.
+    granted_at_version: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.group}#{self.incarnation}"
+
+
+@attrs.frozen
+class Start:
+    """A start of a group's process whose outcome has not been reported yet."""
+
+    kind: str  # "load" | "relaunch"
+    lease: Lease | None  # a load's lease on its checkpoint
+
+
+class _Checkpoint:
+    """A checkpoint's record and its machine. The machine is built from the record when
+    first needed, so a copy (``fork``) copies plain records only."""
+
+    __slots__ = ("_machine", "record")
+
+    def __init__(self, record: CheckpointRecord) -> None:
+        self.record = record
+        self._machine: CheckpointMachine | None = None
+
+    @property
+    def machine(self) -> CheckpointMachine:
+        if self._machine is None:
+            self._machine = CheckpointMachine(model=self.record, start_value=self.record.state)
+        return self._machine
+
+    @property
+    def built(self) -> StateMachine | None:
+        return self._machine
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _Checkpoint:
+        return _Checkpoint(copy.deepcopy(self.record, memo))
+
+
+class _Group:
+    """A group's records and machines, built lazily like ``_Checkpoint``'s."""
+
+    __slots__ = ("_machine", "_recovery_machine", "record", "recovery")
+
+    def __init__(self, record: GroupRecord, recovery: RecoveryRecord) -> None:
+        self.record = record
+        self.recovery = recovery
+        self._machine: WorkerGroupMachine | None = None
+        self._recovery_machine: ImmediateRecoveryMachine | None = None
+
+    @property
+    def machine(self) -> WorkerGroupMachine:
+        if self._machine is None:
+            self._machine = WorkerGroupMachine(model=self.record, start_value=self.record.state)
+        return self._machine
+
+    @property
+    def recovery_machine(self) -> ImmediateRecoveryMachine:
+        if self._recovery_machine is None:
+            self._recovery_machine = ImmediateRecoveryMachine(
+                model=self.recovery, start_value=self.recovery.state
+            )
+        return self._recovery_machine
+
+    @property
+    def built(self) -> StateMachine | None:
+        return self._machine
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _Group:
+        return _Group(copy.deepcopy(self.record, memo), copy.deepcopy(self.recovery, memo))
+
+
+# Which group states accept an event, read off the worker-group graph.
+_FAILABLE = sources(WorkerGroupMachine, "fail")
+
+
+class Rules:
+    """The state every rule reads, and the rules. Driven only through ``apply``."""
+
+    def __init__(self, config: RecoveryConfig, initial_version: int) -> None:
+        self.config = config
+        self.fleet = Fleet(initial_version)
+        self.closed = False
+        self.checkpoints: dict[int, _Checkpoint] = {}
+        self.finished: dict[int, str] = {}  # versions whose checkpoint reached a final state
+        self.groups: dict[str, _Group] = {}
+        self.starts: dict[tuple[str, int], Start] = {}  # (group, incarnation) -> start
+        # Filled while one event runs.
+        self.effects: list[fx.Effect] = []
+        self.transitions: list[tuple[str, str, str, str]] = []
+        self.now = 0.0
+        self.changed = False  # set by the first change an event makes
+        self._handlers = {
+            cls: getattr(self, f"on_{cls.__name__}") for cls in ev.EVENT_TYPES.values()
+        }
+
+    def apply(self, e: ev.Event) -> list[fx.Effect]:
+        self.effects, self.transitions, self.changed = [], [], False
+        self.now = e.at
+        self._handlers[type(e)](e)
+        return self.effects
+
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()
+        del state["_handlers"]  # bound methods: rebuilt for the copy
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._handlers = {
+            cls: getattr(self, f"on_{cls.__name__}") for cls in ev.EVENT_TYPES.values()
+        }
+
+    # -- the trainer -------------------------------------------------------------------------
+
+    def on_WeightsSynced(self, e: ev.WeightsSynced) -> None:
+        self._require_open(e)
+        if e.version <= self.fleet.version:
+            raise EventNotAllowed(
+                f"WeightsSynced must move to a version above {self.fleet.version}, got {e.version}"
+            )
+        for name, incarnation in e.groups.items():
+            g = self._require_group(name)
+            if incarnation > g.record.incarnation:
+                raise WrongIncarnation(
+                    f"WeightsSynced lists incarnation {incarnation} of group {name!r}, "
+                    f"which was never started (current: {g.record.incarnation})"
+                )
+
+        clean, missed = self._classify_sync(self.fleet.version)
+        self.fleet.version = e.version
+        self._make_checkpoints_stale()
+        for g in self.groups.values():
+            if clean or missed:
+                self._count_sync(g, missed)
+            r = g.record
+            if r.state in UP:
+                if e.groups.get(r.name) == r.incarnation:
+                    r.version = e.version
+                    if r.state == "pending_weights":
+                        self._fire_group(g, "admit")
+                elif r.state in SERVING:
+                    self._fire_group(g, "demote")
+            elif r.state == "awaiting_checkpoint":
+                # It waited for the old version's export; that checkpoint is stale now.
+                self._relaunch(g)
+
+    def _classify_sync(self, old: int) -> tuple[bool, bool]:
+        """(clean, missed) for the sync that leaves version ``old``."""
+        ck = self.checkpoints.get(old)
+        state = ck.record.state if ck is not None else self.finished.get(old)
+        if state is None:
+            return False, False  # no export of that version: neither clean nor missed
+        if state in COMMITTED or state == "deleted":
+            return True, False
+        return False, True
+
+    def _count_sync(self, g: _Group, missed: bool) -> None:
+        """A missed export cools immediate recovery down; N clean syncs in a row end it."""
+        rec = g.recovery
+        if missed:
+            self._cool(g)
+        elif rec.state == "cooldown":
+            rec.clean_streak += 1
+            if rec.cooled_down:
+                self._fire(g.recovery_machine, f"recovery:{rec.group}", "reenable")
+                rec.clean_streak = 0
+
+    def on_ExportStarted(self, e: ev.ExportStarted) -> None:
+        self._require_open(e)
+        if e.version != self.fleet.version:
+            raise UnknownVersion(
+                f"ExportStarted for version {e.version}, but the fleet serves "
+                f"{self.fleet.version}: only the current version is exported"
+            )
+        if e.version in self.checkpoints or e.version in self.finished:
+            raise EventNotAllowed(f"an export of version {e.version} was already started")
+        running = [v for v, c in self.checkpoints.items() if c.record.state == "exporting"]
+        if running:
+            raise EventNotAllowed(f"export of version {running[0]} still in flight")
+
+        record = CheckpointRecord(e.version, pinned=e.pinned, state="exporting")
+        self.changed = True
+        self.checkpoints[e.version] = _Checkpoint(record)
+        self.transitions.append((f"checkpoint:{e.version}", "create", "", "exporting"))
+
+    def on_ExportCommitted(self, e: ev.ExportCommitted) -> None:
+        ck = self._require_checkpoint(e, e.version, "commit")
+
+        ck.record.path = e.path
+        self._fire_ck(ck, "commit")
+        if ck.record.state == "deletable":
+            self._emit(fx.DeleteCheckpoint(e.version, e.path))
+        elif ck.record.state == "ready":
+            for g in self._awaiting():
+                self._restart_from(g, ck)
+
+    def on_ExportFailed(self, e: ev.ExportFailed) -> None:
+        self._end_export(self._require_checkpoint(e, e.version, "fail"), "fail")
+
+    def on_ExportCancelled(self, e: ev.ExportCancelled) -> None:
+        self._end_export(self._require_checkpoint(e, e.version, "cancel"), "cancel")
+
+    def _end_export(self, ck: _Checkpoint, event: str) -> None:
+        was_current = ck.record.state == "exporting"
+        self._fire_ck(ck, event)
+        self._forget(ck)
+        if was_current:
+            for g in self._awaiting():
+                self._relaunch(g)
+
+    def on_CheckpointPinned(self, e: ev.CheckpointPinned) -> None:
+        ck = self._require_checkpoint(
+            e, e.version, states={"exporting", "ready", "superseded", "abandoned"}
+        )
+        self.changed = True
+        ck.record.pinned = True
+
+    def on_CheckpointDeleted(self, e: ev.CheckpointDeleted) -> None:
+        ck = self._require_checkpoint(e, e.version, "remove")
+        self._fire_ck(ck, "remove")
+        self._forget(ck)
+
+    def on_Shutdown(self, e: ev.Shutdown) -> None:
+        self._require_open(e)
+        self.changed = True
+        self.closed = True
+        for g in self.groups.values():
+            r = g.record
+            if r.state in GROUP_FINAL:
+                continue
+            has_process = r.state in UP or (r.name, r.incarnation) in self.starts
+            self._fire_group(g, "stop")
+            if has_process:
+                self._emit(fx.StopGroup(r.name, r.incarnation, "shutdown"))
+        self._make_checkpoints_stale()
+
+    def on_Tick(self, e: ev.Tick) -> None:
+        c = self.config
+        for g in list(self.groups.values()):
+            r = g.record
+            if r.since is None:
+                continue
+            waited = e.at - r.since
+            if r.state == "awaiting_checkpoint" and waited >= c.await_checkpoint_timeout_s:
+                self._relaunch(g)
+            elif r.state in LOADING and waited >= c.load_timeout_s:
+                self._emit(fx.StopGroup(r.name, r.incarnation, "load deadline"))
+                self._cool(g)
+                self._fail(g)  # the lease stays with the killed start until it reports
+            elif r.state in RELAUNCHING and waited >= c.relaunch_timeout_s:
+                self._emit(fx.StopGroup(r.name, r.incarnation, "relaunch deadline"))
+                self._fail(g)
+
+    # -- the health manager and the runtime, about one incarnation -----------------------------
+
+    def on_GroupRegistered(self, e: ev.GroupRegistered) -> None:
+        self._require_open(e)
+        if e.group in self.groups:
+            raise EventNotAllowed(f"group {e.group!r} is already registered")
+        if e.version > self.fleet.version:
+            raise UnknownVersion(
+                f"group {e.group!r} claims version {e.version}, "
+                f"but the fleet has only reached {self.fleet.version}"
+            )
+
+        self.changed = True
+        start = "active" if e.version == self.fleet.version else "pending_weights"
+        record = GroupRecord(e.group, self.fleet, e.version, state=start)
+        recovery = RecoveryRecord(
+            e.group,
+            self.config.clean_syncs_to_reenable,
+            state="enabled" if self.config.immediate_recovery else "disabled",
+        )
+        self.groups[e.group] = _Group(record, recovery)
+        self.transitions.append((f"group:{e.group}", "create", "", start))
+        if start == "active":
+            self._emit(fx.RouteTraffic(e.group, record.incarnation, e.version))
+
+    def on_ProbeFailed(self, e: ev.ProbeFailed) -> None:
+        g = self._current(e, SERVING)
+        if g is None:
+            return
+        r = g.record
+        self.changed = True
+        r.probe_failures += 1
+        if r.probe_failures >= self.config.suspect_threshold:
+            self._fail(g)
+        elif r.state == "active":
+            self._fire_group(g, "probe_failed")
+
+    def on_ProbeOk(self, e: ev.ProbeOk) -> None:
+        g = self._current(e, SERVING)
+        if g is None:
+            return
+        self.changed = True
+        g.record.probe_failures = 0
+        if g.record.state == "suspect":
+            self._fire_group(g, "probe_ok")
+
+    def on_GroupFailed(self, e: ev.GroupFailed) -> None:
+        g = self._current(e, _FAILABLE)
+        if g is None:
+            return
+        self._end_start(g)  # the process that read the checkpoint is gone, and its lease
+        self._fail(g)
+
+    def on_RestartLoaded(self, e: ev.RestartLoaded) -> None:
+        g = self._current(e, LOADING)
+        if g is None:
+            return
+        lease = self._end_start(g)
+        assert lease is not None
+        g.record.version = lease.version
+        self._fire_group(g, "admit" if g.record.serves_current else "loaded_stale")
+
+    def on_RestartLoadFailed(self, e: ev.RestartLoadFailed) -> None:
+        g = self._current(e, LOADING)
+        if g is None:
+            return
+        self._end_start(g)
+        self._cool(g)
+        self._fail(g)
+
+    def on_Relaunched(self, e: ev.Relaunched) -> None:
+        g = self._current(e, RELAUNCHING)
+        if g is None:
+            return
+        self._end_start(g)
+        g.record.version = None
+        self._fire_group(g, "relaunched")
+
+    def on_RelaunchFailed(self, e: ev.RelaunchFailed) -> None:
+        g = self._current(e, RELAUNCHING)
+        if g is None:
+            return
+        self._end_start(g)
+        self._fail(g)
+
+    # -- recovery rules ----------------------------------------------------------------------
+
+    def _fail(self, g: _Group) -> None:
+        """The group is down: choose retire, immediate restart, wait, or cold restart."""
+        r = g.record
+        self._fire_group(g, "fail")
+        r.version = None
+        if r.restarts >= self.config.restart_budget:
+            self._fire_group(g, "retire")
+            self._emit(fx.RetireGroup(r.name))
+            return
+        r.restarts += 1
+        if g.recovery.state != "enabled":
+            self._relaunch(g)
+            return
+        current = self.checkpoints.get(self.fleet.version)
+        if current is not None and current.record.state == "ready":
+            self._restart_from(g, current)
+        elif (current is not None and current.record.state == "exporting") or (
+            current is None
+            and self.config.export_every_sync
+            and self.fleet.version not in self.finished
+        ):
+            self._fire_group(g, "await_checkpoint")
+            r.since = self.now
+        else:
+            self._relaunch(g)
+
+    def _make_checkpoints_stale(self) -> None:
+        """No existing checkpoint may serve recovery any more (a newer sync, or shutdown):
+        a ready one is superseded (and deleted once unleased), a running export abandoned
+        and, unless the user keeps it, cancelled."""
+        for ck in list(self.checkpoints.values()):
+            if ck.record.state == "ready":
+                self._fire_ck(ck, "supersede")
+                self._reap(ck)
+            elif ck.record.state == "exporting":
+                self._fire_ck(ck, "abandon")
+                if not ck.record.pinned:
+                    self._emit(fx.CancelExport(ck.record.version))
+
+    def _restart_from(self, g: _Group, ck: _Checkpoint) -> None:
+        """Lease the current committed checkpoint and start a new incarnation from it."""
+        assert ck.record.state == "ready" and ck.record.version == self.fleet.version
+        assert ck.record.path is not None
+        r = self._next_incarnation(g)
+        lease = Lease(r.name, r.incarnation, ck.record.version, self.fleet.version)
+        self.starts[(r.name, r.incarnation)] = Start("load", lease)
+        ck.record.leases += 1
+        self._fire_group(g, "load")
+        self._emit(fx.RestartFromCheckpoint(r.name, r.incarnation, lease.version, ck.record.path))
+
+    def _relaunch(self, g: _Group) -> None:
+        r = self._next_incarnation(g)
+        self.starts[(r.name, r.incarnation)] = Start("relaunch", None)
+        self._fire_group(g, "relaunch")
+        self._emit(fx.RestartCold(r.name, r.incarnation))
+
+    def _next_incarnation(self, g: _Group) -> GroupRecord:
+        r = g.record
+        self.changed = True
+        r.incarnation += 1
+        r.since = self.now
+        return r
+
+    def _end_start(self, g: _Group, incarnation: int | None = None) -> Lease | None:
+        """The outcome of a start arrived (or its process died): forget it, free its lease."""
+        key = (g.record.name, g.record.incarnation if incarnation is None else incarnation)
+        start = self.starts.pop(key, None)
+        self.changed = True
+        if start is None or start.lease is None:
+            return None
+        ck = self.checkpoints[start.lease.version]
+        ck.record.leases -= 1
+        self._reap(ck)
+        return start.lease
+
+    def _cool(self, g: _Group) -> None:
+        self.changed = True
+        g.recovery.clean_streak = 0
+        if g.recovery.state == "enabled":
+            self._fire(g.recovery_machine, f"recovery:{g.record.name}", "cool")
+
+    def _reap(self, ck: _Checkpoint) -> None:
+        """Move a superseded checkpoint to deletion if its guard lets it."""
+        if ck.record.state == "superseded" and ck.record.reapable:
+            self._fire_ck(ck, "reap")
+            assert ck.record.path is not None
+            self._emit(fx.DeleteCheckpoint(ck.record.version, ck.record.path))
+
+    def _forget(self, ck: _Checkpoint) -> None:
+        del self.checkpoints[ck.record.version]
+        self.finished[ck.record.version] = str(ck.record.state)
+
+    def _awaiting(self) -> Iterator[_Group]:
+        return (g for g in list(self.groups.values()) if g.record.state == "awaiting_checkpoint")
+
+    # -- what is outstanding -----------------------------------------------------------------
+
+    def outstanding(self) -> list[str]:
+        """Everything still owed by the world (an export, a start, a delete, a wait), one
+        sentence each; empty means quiescent."""
+        out: list[str] = []
+        for (name, incarnation), start in sorted(self.starts.items()):
+            what = "a cold start" if start.lease is None else f"a load of C({start.lease.version})"
+            out.append(f"{what} of group {name!r} incarnation {incarnation} has not reported")
+        for v, ck in sorted(self.checkpoints.items()):
+            state = ck.record.state
+            if state in {"exporting", "abandoned"}:
+                out.append(f"the export of version {v} is still running ({state})")
+            elif state == "deletable":
+                out.append(f"the delete of checkpoint {v} has not been reported")
+        for name, g in sorted(self.groups.items()):
+            if g.record.state == "awaiting_checkpoint":
+                out.append(f"group {name!r} is waiting for a checkpoint")
+        return out
+
+    # -- checks (no change) ----------------------------------------------------------------
+
+    def _require_open(self, e: ev.Event) -> None:
+        if self.closed:
+            raise EventNotAllowed(f"{e.kind} after Shutdown: the controller is closed")
+
+    def _require_group(self, name: str) -> _Group:
+        g = self.groups.get(name)
+        if g is None:
+            raise UnknownGroup(f"unknown group {name!r}; registered: {sorted(self.groups)}")
+        return g
+
+    def _current(
+        self,
+        e: ev.ProbeFailed
+        | ev.ProbeOk
+        | ev.GroupFailed
+        | ev.RestartLoaded
+        | ev.RestartLoadFailed
+        | ev.Relaunched
+        | ev.RelaunchFailed,
+        states: frozenset[str],
+    ) -> _Group | None:
+        """The group, when ``e`` is about its current incarnation in one of ``states``
+        (this is the check every process event passes before it changes anything).
+
+        None when ``e`` is the outcome of an earlier start still in flight (killed after a
+        deadline, or stopped by Shutdown): that outcome only ends the start and frees its
+        lease, here. Anything else about another incarnation is refused."""
+        g = self._require_group(e.group)
+        r = g.record
+        if e.incarnation == r.incarnation and r.state in states:
+            return g
+        start = self.starts.get((e.group, e.incarnation))
+        if start is not None and self._orphaned(g, e.incarnation, start):
+            ends = (
+                ev.GroupFailed,
+                *(ev.LOAD_OUTCOMES if start.kind == "load" else ev.RELAUNCH_OUTCOMES),
+            )
+            if isinstance(e, ends):
+                self._end_start(g, e.incarnation)
+                return None
+        if e.incarnation != r.incarnation:
+            raise WrongIncarnation(
+                f"{e.kind} for incarnation {e.incarnation} of group {e.group!r}, whose "
+                f"current incarnation is {r.incarnation} ({r.state})"
+            )
+        raise EventNotAllowed(
+            f"{e.kind} for group {e.group!r} expects it in one of {sorted(states)}, "
+            f"but it is {r.state}"
+        )
+
+    @staticmethod
+    def _orphaned(g: _Group, incarnation: int, start: Start) -> bool:
+        """A start the group no longer waits on: killed at a deadline, or stopped."""
+        waiting = LOADING if start.kind == "load" else RELAUNCHING
+        return incarnation != g.record.incarnation or g.record.state not in waiting
+
+    def _require_checkpoint(
+        self, e: ev.Event, version: int, event: str = "", states: set[str] | None = None
+    ) -> _Checkpoint:
+        """The checkpoint of ``version``, if it accepts machine ``event`` (or is in
+        ``states``). Export outcomes, pins and deletions are accepted after shutdown."""
+        allowed = states if states is not None else sources(CheckpointMachine, event)
+        ck = self.checkpoints.get(version)
+        if ck is None:
+            if version in self.finished:
+                raise EventNotAllowed(
+                    f"{e.kind} for checkpoint {version}, which is already {self.finished[version]}"
+                )
+            raise UnknownVersion(f"{e.kind} for version {version}: no such checkpoint")
+        if ck.record.state not in allowed:
+            raise EventNotAllowed(
+                f"{e.kind} for checkpoint {version} expects it in one of {sorted(allowed)}, "
+                f"but it is {ck.record.state}"
+            )
+        return ck
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _fire(self, machine: StateMachine, label: str, event: str) -> None:
+        self.changed = True
+        model = machine.model  # the record; cheaper to read than the machine's configuration
+        source = model.state
+        machine.send(event)
+        self.transitions.append((label, event, source, model.state))
+
+    def _fire_ck(self, ck: _Checkpoint, event: str) -> None:
+        self._fire(ck.machine, f"checkpoint:{ck.record.version}", event)
+
+    def _fire_group(self, g: _Group, event: str) -> None:
+        """Move a group; when that changes whether it may serve, tell the router."""
+        r = g.record
+        was_serving = r.state in SERVING
+        self._fire(g.machine, f"group:{r.name}", event)
+        if r.state not in WAITING:
+            r.since = None
+        serving = r.state in SERVING
+        if serving and not was_serving:
+            self._emit(fx.RouteTraffic(r.name, r.incarnation, self.fleet.version))
+        elif was_serving and not serving:
+            r.probe_failures = 0  # probes count within one spell of serving
+            self._emit(fx.WithdrawTraffic(r.name, r.incarnation))
+
+    def _emit(self, effect: fx.Effect) -> None:
+        self.changed = True
+        self.effects.append(effect)
