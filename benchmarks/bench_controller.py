@@ -18,7 +18,7 @@ from recovery_fsm.machines import Fleet, GroupRecord, WorkerGroupMachine
 
 def raw_dispatch_us(n: int, repeat: int) -> float:
     """One python-statemachine event, the same machine and transitions as the controller's."""
-    m = WorkerGroupMachine(model=GroupRecord("g", Fleet(0), 0))
+    m = WorkerGroupMachine(model=GroupRecord("g", Fleet(0), 0), start_value="active")
     samples = []
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -35,12 +35,12 @@ def controller_event_us(n: int, repeat: int, journal: bool) -> float:
     c = RecoveryController(
         RecoveryConfig(suspect_threshold=10**9), journal=records.append if journal else None
     )
-    c.handle(ev.GroupRegistered("g", 0, 0.0))
+    c.handle(ev.GroupRegistered("g", 0, at=0.0))
     samples = []
     for r in range(repeat):
         # Events are built outside the timed loop: the trainer builds them, not the controller.
         kinds = (ev.ProbeFailed, ev.ProbeOk)
-        batch = [kinds[i % 2]("g", float(r * n + i + 1)) for i in range(n)]
+        batch = [kinds[i % 2]("g", 1, at=float(r * n + i + 1)) for i in range(n)]
         t0 = time.perf_counter()
         for e in batch:
             c.handle(e)
@@ -53,30 +53,30 @@ def sync_fanout_ms(groups: int, case: str, repeat: int) -> tuple[float, int]:
     """Median time of one WeightsSynced across ``groups`` groups; and transitions it fired."""
     samples = []
     fired = 0
-    names = frozenset(f"g{i}" for i in range(groups))
+    names = {f"g{i}": 1 for i in range(groups)}
     for _ in range(repeat):
         c = RecoveryController(RecoveryConfig(clean_syncs_to_reenable=1))
         t = 0.0
         for name in sorted(names):
             t += 1
-            c.handle(ev.GroupRegistered(name, 0, t))
+            c.handle(ev.GroupRegistered(name, 0, at=t))
         version = 0
         if case in {"missed", "reenable"}:
-            c.handle(ev.WeightsSynced(1, names, t + 1))
-            c.handle(ev.ExportStarted(1, t + 2))
+            c.handle(ev.WeightsSynced(1, names, at=t + 1))
+            c.handle(ev.ExportStarted(1, at=t + 2))
             version = 1
             if case == "reenable":
-                c.handle(ev.WeightsSynced(2, names, t + 3))  # miss: every group cools down
-                c.handle(ev.ExportStarted(2, t + 4))
-                c.handle(ev.ExportCommitted(2, "/ckpt/step-2", t + 5))
+                c.handle(ev.WeightsSynced(2, names, at=t + 3))  # miss: every group cools down
+                c.handle(ev.ExportStarted(2, at=t + 4))
+                c.handle(ev.ExportCommitted(2, "/ckpt/step-2", at=t + 5))
                 version = 2
         elif case == "clean":
-            c.handle(ev.ExportStarted(0, t + 1))
-            c.handle(ev.ExportCommitted(0, "/ckpt/step-0", t + 2))
+            c.handle(ev.ExportStarted(0, at=t + 1))
+            c.handle(ev.ExportCommitted(0, "/ckpt/step-0", at=t + 2))
         elif case == "readmit":
-            c.handle(ev.WeightsSynced(1, frozenset(), t + 1))  # everyone left out: pending
+            c.handle(ev.WeightsSynced(1, {}, at=t + 1))  # everyone left out: pending
             version = 1
-        sync = ev.WeightsSynced(version + 1, names, t + 10)
+        sync = ev.WeightsSynced(version + 1, names, at=t + 10)
         t0 = time.perf_counter()
         c.handle(sync)
         samples.append(time.perf_counter() - t0)

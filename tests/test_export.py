@@ -580,10 +580,11 @@ def test_exporter_drives_the_controller(model: Any, tmp_path: Path) -> None:
     c = RecoveryController()
     link = ControllerLink(c)
     link.send(ev.GroupRegistered, group="g1", version=0)
-    link.send(ev.WeightsSynced, version=1, groups=frozenset({"g1"}))
+    link.send(ev.WeightsSynced, version=1, groups=c.up_groups())
     with AsyncHFExporter(tmp_path, report=link.send) as ex:
         path = ex.export(1, model.state_dict(), config=model.config).result(60)
     assert c.checkpoint_state(1) == "ready"
-    (restart,) = link.send(ev.GroupFailed, group="g1")
+    _, restart = link.send(ev.GroupFailed, group="g1", incarnation=1)
     assert isinstance(restart, RestartFromCheckpoint) and restart.path == str(path)
+    assert restart.incarnation == 2
     assert load_checkpoint(restart.path).version == 1

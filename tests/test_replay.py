@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery_fsm import MalformedEvent, RecoveryConfig, RecoveryController
+from recovery_fsm import ControllerBroken, MalformedEvent, RecoveryConfig, RecoveryController, Rules
 from recovery_fsm import events as ev
 from recovery_fsm.journal import JsonlJournal
 from recovery_fsm.replay import replay
@@ -20,15 +20,15 @@ def _record(path: Path) -> None:
     config = RecoveryConfig(clean_syncs_to_reenable=2, restart_budget=3)
     with JsonlJournal(path) as journal:
         c = RecoveryController(config, journal=journal)
-        c.handle(ev.GroupRegistered("g1", 0, 1.0))
-        c.handle(ev.GroupRegistered("g2", 0, 1.0))
-        c.handle(ev.ExportStarted(0, 2.0))
-        c.handle(ev.ExportCommitted(0, "/ckpt/step-0", 3.0))
-        (effect,) = c.handle(ev.GroupFailed("g1", 4.0))
+        c.handle(ev.GroupRegistered("g1", 0, at=1.0))
+        c.handle(ev.GroupRegistered("g2", 0, at=1.0))
+        c.handle(ev.ExportStarted(0, at=2.0))
+        c.handle(ev.ExportCommitted(0, "/ckpt/step-0", at=3.0))
+        _, restart = c.handle(ev.GroupFailed("g1", 1, at=4.0))
         with pytest.raises(MalformedEvent):
-            c.handle(ev.Tick(0.5))  # time went backwards: refused, and journaled
-        c.handle(ev.WeightsSynced(1, {"g2"}, 5.0))
-        c.handle(ev.RestartLoaded("g1", effect.lease, 6.0))  # type: ignore[attr-defined]
+            c.handle(ev.Tick(at=0.5))  # time went backwards: refused, and journaled
+        c.handle(ev.WeightsSynced(1, {"g2": 1}, at=5.0))
+        c.handle(ev.RestartLoaded("g1", restart.incarnation, at=6.0))  # type: ignore[attr-defined]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -40,7 +40,7 @@ def test_a_recorded_run_replays_clean(tmp_path: Path) -> None:
     path = tmp_path / "journal.jsonl"
     _record(path)
     report = replay(path)
-    assert report.ok and report.steps == 8 and report.controller == "RecoveryController"
+    assert report.ok and report.steps == 8 and report.controller == "Rules"
     done = _cli("replay", str(path))
     assert done.returncode == 0 and "no violation" in done.stdout
 
@@ -61,11 +61,11 @@ def test_a_tampered_journal_shows_where_it_diverges(tmp_path: Path) -> None:
 
 
 def test_a_broken_controller_trace_replays_to_its_violation(tmp_path: Path) -> None:
-    sim = Sim(controller=MUTANTS["delete-ignoring-leases"])
+    sim = Sim(rules=MUTANTS["delete-ignoring-leases"])
     for name in ["export", "commit(0)", "fail(g0)"]:
         assert sim.step(next(a for a in sim.actions() if str(a) == name)) == []
     problems = sim.step(next(a for a in sim.actions() if str(a) == "sync"))
-    assert any("while group g0 is loading it" in p for p in problems)
+    assert any("while g0#2 is loading it" in p for p in problems)
     path = sim.write_journal(tmp_path / "trace.jsonl")
 
     report = replay(path)  # the header names the broken controller
@@ -73,7 +73,7 @@ def test_a_broken_controller_trace_replays_to_its_violation(tmp_path: Path) -> N
     assert set(problems) <= set(report.violations)
     done = _cli("replay", str(path))
     assert done.returncode == 1 and "step 6: violation" in done.stdout
-    assert replay(path, RecoveryController).violation_step is None
+    assert replay(path, Rules).violation_step is None
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_a_broken_controller_trace_replays_to_its_violation(tmp_path: Path) -> N
         ('{"step": 1, "nothing": 2}\n', "without an event"),
         ('{"step": 1, "event": {"kind": "Nope", "at": 1.0}}\n', "unknown event kind"),
         ('{"step": 0, "header": {"config": {"bogus": 1}}}\n', "not a RecoveryConfig"),
-        ('{"step": 0, "header": {"controller": "os:system"}}\n', "unknown controller"),
+        ('{"step": 0, "header": {"rules": "os:system"}}\n', "unknown controller"),
     ],
 )
 def test_a_bad_journal_is_a_typed_error(tmp_path: Path, content: str, words: str) -> None:
@@ -93,20 +93,20 @@ def test_a_bad_journal_is_a_typed_error(tmp_path: Path, content: str, words: str
         replay(path)
 
 
-class CrashesOnProbeOk(RecoveryController):
-    def _on_probe_ok(self, e: ev.ProbeOk) -> None:
+class CrashesOnProbeOk(Rules):
+    def on_ProbeOk(self, e: ev.ProbeOk) -> None:
         raise KeyError(e.group)
 
 
 def test_a_crash_is_journaled_and_replays_as_a_violation(tmp_path: Path) -> None:
     path = tmp_path / "journal.jsonl"
     with JsonlJournal(path) as journal:
-        c = CrashesOnProbeOk(journal=journal)
-        c.handle(ev.GroupRegistered("g1", 0, 1.0))
-        with pytest.raises(KeyError):
-            c.handle(ev.ProbeOk("g1", 2.0))
+        c = RecoveryController(journal=journal, rules=CrashesOnProbeOk)
+        c.handle(ev.GroupRegistered("g1", 0, at=1.0))
+        with pytest.raises(ControllerBroken):
+            c.handle(ev.ProbeOk("g1", 1, at=2.0))
     last = json.loads(path.read_text().splitlines()[-1])
     assert last["step"] == 2 and last["error"]["type"] == "KeyError"
     report = replay(path, CrashesOnProbeOk)
     assert report.violation_step == 2 and "crashed" in report.violations[0]
-    assert replay(path, RecoveryController).divergences  # the real one accepts that ProbeOk
+    assert replay(path, Rules).divergences  # the real one accepts that ProbeOk

@@ -37,7 +37,7 @@ def _demo(_args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     from .errors import RecoveryError
-    from .replay import rules_class, replay
+    from .replay import replay, rules_class
 
     try:
         cls = rules_class(args.controller) if args.controller else None

@@ -156,7 +156,9 @@ class RecoveryController:
             )
         at: float = event.at
         if self._now is not None and at < self._now:
-            raise MalformedEvent(f"time went backwards: event at {at} after an event at {self._now}")
+            raise MalformedEvent(
+                f"time went backwards: event at {at} after an event at {self._now}"
+            )
         return at
 
     def _break(self, event: Any, err: BaseException) -> ControllerBroken:
@@ -232,7 +234,9 @@ class RecoveryController:
         with self._lock:
             g = self._rules.groups.get(name)
             if g is None:
-                raise UnknownGroup(f"unknown group {name!r}; registered: {sorted(self._rules.groups)}")
+                raise UnknownGroup(
+                    f"unknown group {name!r}; registered: {sorted(self._rules.groups)}"
+                )
             r = g.record
             start = self._rules.starts.get((name, r.incarnation))
             return GroupView(
@@ -275,8 +279,9 @@ class RecoveryController:
         """Checkpoints not yet in a final state (their files may be on disk)."""
         with self._lock:
             return {
-                v: CheckpointView(v, str(c.record.state), c.record.path, c.record.pinned,
-                                  c.record.leases)
+                v: CheckpointView(
+                    v, str(c.record.state), c.record.path, c.record.pinned, c.record.leases
+                )
                 for v, c in sorted(self._rules.checkpoints.items())
             }
 
@@ -284,9 +289,7 @@ class RecoveryController:
     def leases(self) -> dict[str, Lease]:
         """Every live lease by id, including those of starts killed after a deadline."""
         with self._lock:
-            return {
-                s.lease.id: s.lease for s in self._rules.starts.values() if s.lease is not None
-            }
+            return {s.lease.id: s.lease for s in self._rules.starts.values() if s.lease is not None}
 
     def outstanding(self) -> list[str]:
         """What keeps the controller from being drained, one sentence each (empty: drained)."""
@@ -307,7 +310,9 @@ class RecoveryController:
                 "now": self._now,
                 "closed": r.closed,
                 "broken": None if self._broken is None else repr(self._broken),
-                "checkpoints": {v: attrs.asdict(c.record) for v, c in sorted(r.checkpoints.items())},
+                "checkpoints": {
+                    v: attrs.asdict(c.record) for v, c in sorted(r.checkpoints.items())
+                },
                 "finished": dict(sorted(r.finished.items())),
                 "groups": {
                     name: {

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -70,15 +70,14 @@ def _to_incarnations(value: Any) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-_time = attrs.field(validator=_check_time, kw_only=True)
-_version = attrs.field(validator=_check_version)
-_group = attrs.field(validator=_check_name)
-_incarnation = attrs.field(validator=_check_incarnation)
 
 
 @attrs.frozen
 class Event:
     """Base class; ``kind`` names the event in the journal."""
+
+    if TYPE_CHECKING:  # every event has it, keyword-only; declared per class
+        at: float
 
     @property
     def kind(self) -> str:
@@ -94,63 +93,63 @@ class WeightsSynced(Event):
     (group name -> incarnation). An entry for an older incarnation does not count: that
     process is gone, and its successor never received the weights."""
 
-    version: int = _version
+    version: int = attrs.field(validator=_check_version)
     groups: dict[str, int] = attrs.field(converter=_to_incarnations, hash=False)
-    at: float = _time
+    at: float = attrs.field(validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
 class ExportStarted(Event):
     """The exporter began writing the recovery checkpoint of ``version``."""
 
-    version: int = _version
+    version: int = attrs.field(validator=_check_version)
+    at: float = attrs.field(validator=_check_time, kw_only=True)
     pinned: bool = attrs.field(default=False, validator=_check_bool)
-    at: float = _time
 
 
 @attrs.frozen
 class ExportCommitted(Event):
     """The checkpoint of ``version`` was renamed into place at ``path``."""
 
-    version: int = _version
+    version: int = attrs.field(validator=_check_version)
     path: str = attrs.field(validator=_check_name)
-    at: float = _time
+    at: float = attrs.field(validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
 class ExportFailed(Event):
-    version: int = _version
+    version: int = attrs.field(validator=_check_version)
+    at: float = attrs.field(validator=_check_time, kw_only=True)
     error: str = attrs.field(default="", validator=_check_text)
-    at: float = _time
 
 
 @attrs.frozen
 class ExportCancelled(Event):
     """The exporter confirmed that it stopped writing ``version`` and removed its files."""
 
-    version: int = _version
-    at: float = _time
+    version: int = attrs.field(validator=_check_version)
+    at: float = attrs.field(validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
 class CheckpointPinned(Event):
     """The user keeps checkpoint ``version`` (e.g. it is a regular HF save): never delete it."""
 
-    version: int = _version
-    at: float = _time
+    version: int = attrs.field(validator=_check_version)
+    at: float = attrs.field(validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
 class CheckpointDeleted(Event):
     """The adapter removed checkpoint ``version`` from disk."""
 
-    version: int = _version
-    at: float = _time
+    version: int = attrs.field(validator=_check_version)
+    at: float = attrs.field(validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
 class Shutdown(Event):
-    at: float = _time
+    at: float = attrs.field(validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
@@ -158,7 +157,7 @@ class Tick(Event):
     """Time passes: deadlines (waiting for an export, a load, a relaunch) fire on it. The
     runtime sends it on an interval well under the shortest deadline (e.g. every second)."""
 
-    at: float = _time
+    at: float = attrs.field(validator=_check_time, kw_only=True)
 
 
 # -- from the health manager and the runtime, about one incarnation of a group --------------
@@ -168,23 +167,23 @@ class Tick(Event):
 class GroupRegistered(Event):
     """Group ``group`` is up (incarnation 1) and holds weight ``version``."""
 
-    group: str = _group
-    version: int = _version
-    at: float = _time
+    group: str = attrs.field(validator=_check_name)
+    version: int = attrs.field(validator=_check_version)
+    at: float = attrs.field(validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
 class ProbeFailed(Event):
-    group: str = _group
-    incarnation: int = _incarnation
-    at: float = _time
+    group: str = attrs.field(validator=_check_name)
+    incarnation: int = attrs.field(validator=_check_incarnation)
+    at: float = attrs.field(validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
 class ProbeOk(Event):
-    group: str = _group
-    incarnation: int = _incarnation
-    at: float = _time
+    group: str = attrs.field(validator=_check_name)
+    incarnation: int = attrs.field(validator=_check_incarnation)
+    at: float = attrs.field(validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
@@ -192,44 +191,44 @@ class GroupFailed(Event):
     """That process is dead (actor died, the health manager gave up on it, or it was killed
     after a deadline)."""
 
-    group: str = _group
-    incarnation: int = _incarnation
+    group: str = attrs.field(validator=_check_name)
+    incarnation: int = attrs.field(validator=_check_incarnation)
+    at: float = attrs.field(validator=_check_time, kw_only=True)
     reason: str = attrs.field(default="", validator=_check_text)
-    at: float = _time
 
 
 @attrs.frozen
 class RestartLoaded(Event):
     """The process started by RestartFromCheckpoint finished loading its checkpoint."""
 
-    group: str = _group
-    incarnation: int = _incarnation
-    at: float = _time
+    group: str = attrs.field(validator=_check_name)
+    incarnation: int = attrs.field(validator=_check_incarnation)
+    at: float = attrs.field(validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
 class RestartLoadFailed(Event):
-    group: str = _group
-    incarnation: int = _incarnation
+    group: str = attrs.field(validator=_check_name)
+    incarnation: int = attrs.field(validator=_check_incarnation)
+    at: float = attrs.field(validator=_check_time, kw_only=True)
     error: str = attrs.field(default="", validator=_check_text)
-    at: float = _time
 
 
 @attrs.frozen
 class Relaunched(Event):
     """A cold restart finished: that process is up with no current weights."""
 
-    group: str = _group
-    incarnation: int = _incarnation
-    at: float = _time
+    group: str = attrs.field(validator=_check_name)
+    incarnation: int = attrs.field(validator=_check_incarnation)
+    at: float = attrs.field(validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
 class RelaunchFailed(Event):
-    group: str = _group
-    incarnation: int = _incarnation
+    group: str = attrs.field(validator=_check_name)
+    incarnation: int = attrs.field(validator=_check_incarnation)
+    at: float = attrs.field(validator=_check_time, kw_only=True)
     error: str = attrs.field(default="", validator=_check_text)
-    at: float = _time
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

@@ -70,8 +70,8 @@ def violations(rules: Rules) -> list[str]:
         if rec.state == "cooldown" and rec.clean_streak >= rec.required_clean_syncs:
             out.append(f"group {name!r} still in cooldown after {rec.clean_streak} clean syncs")
     for (name, incarnation), start in rules.starts.items():
-        g = rules.groups.get(name)
-        if g is None or incarnation > g.record.incarnation:
+        owner = rules.groups.get(name)
+        if owner is None or incarnation > owner.record.incarnation:
             out.append(f"a {start.kind} of {name!r} incarnation {incarnation} never started")
 
     # At most one export in flight, of the current version.

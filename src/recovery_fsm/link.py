@@ -67,7 +67,7 @@ class ControllerLink:
         """Stamp, handle, queue the effects for ``execute``; return them."""
         with self._lock:
             self._last = max(self._last, self._clock())
-            effects = self.controller.handle(cls(at=self._last, **fields))
+            effects = self.controller.handle(cls(at=self._last, **fields))  # type: ignore[call-arg]
             if self._execute is None or not effects:
                 return effects
             with self._cv:

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from .controller import RecoveryController
-from .errors import MalformedEvent, RecoveryError
+from .errors import ControllerBroken, MalformedEvent, RecoveryError
 from .journal import decode_event, encode, read_journal
 from .rules import RecoveryConfig, Rules
 from .search.mutants import MUTANTS
@@ -100,6 +100,10 @@ def replay(path: str | os.PathLike[str], rules: type[Rules] | None = None) -> Re
         steps += 1
         try:
             effects = c.handle(event)
+        except ControllerBroken as err:
+            first = err.first
+            crash = f"the controller crashed on {event!r}: {type(first).__name__}: {first}"
+            return _report(cls, steps, step, [crash], divergences)
         except RecoveryError as err:
             if "error" not in record:
                 divergences.append(f"step {step}: {event.kind} was accepted, now refused: {err}")
@@ -109,9 +113,6 @@ def replay(path: str | os.PathLike[str], rules: type[Rules] | None = None) -> Re
                     f"now with {type(err).__name__}: {err}"
                 )
             continue
-        except Exception as err:
-            crash = f"the controller crashed on {event!r}: {type(err).__name__}: {err}"
-            return _report(cls, steps, step, [crash], divergences)
         if "error" in record:
             divergences.append(f"step {step}: {event.kind} was refused, now accepted")
         elif record.get("effects") != [encode(f) for f in effects]:

@@ -146,9 +146,11 @@ class _Checkpoint:
 
     __slots__ = ("_machine", "record")
 
-    def __init__(self, record: CheckpointRecord) -> None:
+    def __init__(self, record: CheckpointRecord, *, build: bool = False) -> None:
         self.record = record
         self._machine: CheckpointMachine | None = None
+        if build:
+            self._machine = self.machine
 
     @property
     def machine(self) -> CheckpointMachine:
@@ -169,11 +171,13 @@ class _Group:
 
     __slots__ = ("_machine", "_recovery_machine", "record", "recovery")
 
-    def __init__(self, record: GroupRecord, recovery: RecoveryRecord) -> None:
+    def __init__(self, record: GroupRecord, recovery: RecoveryRecord, *, build: bool = False):
         self.record = record
         self.recovery = recovery
         self._machine: WorkerGroupMachine | None = None
         self._recovery_machine: ImmediateRecoveryMachine | None = None
+        if build:  # pay for the machines here rather than inside a fleet-wide sync
+            self._machine, self._recovery_machine = self.machine, self.recovery_machine
 
     @property
     def machine(self) -> WorkerGroupMachine:
@@ -308,7 +312,7 @@ class Rules:
 
         record = CheckpointRecord(e.version, pinned=e.pinned, state="exporting")
         self.changed = True
-        self.checkpoints[e.version] = _Checkpoint(record)
+        self.checkpoints[e.version] = _Checkpoint(record, build=True)
         self.transitions.append((f"checkpoint:{e.version}", "create", "", "exporting"))
 
     def on_ExportCommitted(self, e: ev.ExportCommitted) -> None:
@@ -399,7 +403,7 @@ class Rules:
             self.config.clean_syncs_to_reenable,
             state="enabled" if self.config.immediate_recovery else "disabled",
         )
-        self.groups[e.group] = _Group(record, recovery)
+        self.groups[e.group] = _Group(record, recovery, build=True)
         self.transitions.append((f"group:{e.group}", "create", "", start))
         if start == "active":
             self._emit(fx.RouteTraffic(e.group, record.incarnation, e.version))

@@ -159,7 +159,11 @@ class Sim:
                     if p.status in {"up", "loading", "relaunching"}
                 ]
             if s.probes:
-                serving = [g for g, v in self.controller.groups().items() if v.state in {"active", "suspect"}]
+                serving = [
+                    g
+                    for g, v in self.controller.groups().items()
+                    if v.state in {"active", "suspect"}
+                ]
                 out += [Action(HEALTH, "probe_failed", g) for g in serving]
                 out += [Action(HEALTH, "probe_ok", g) for g in serving]
         if s.deadlines:

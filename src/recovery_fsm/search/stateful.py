@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
-
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
@@ -96,9 +95,7 @@ def race_search(
             type(self).examples += 1
             self.failed = False
 
-        @initialize(
-            n=st.integers(1, 3), budget=st.integers(1, 4), threshold=st.integers(1, 3)
-        )
+        @initialize(n=st.integers(1, 3), budget=st.integers(1, 4), threshold=st.integers(1, 3))
         def configure(self, n: int, budget: int, threshold: int) -> None:
             config = small_config(
                 clean_syncs_to_reenable=n, restart_budget=budget, suspect_threshold=threshold

@@ -236,7 +236,9 @@ class World:
         if p.status != "down":
             out.append(f"{what} of group {group}, which is {p.status}")
         if incarnation != p.incarnation + 1:
-            out.append(f"{what} of group {group} as incarnation {incarnation} after {p.incarnation}")
+            out.append(
+                f"{what} of group {group} as incarnation {incarnation} after {p.incarnation}"
+            )
         if p.restarts >= self.config.restart_budget:
             out.append(f"{what} of group {group} beyond its budget of {p.restarts} restarts")
         p.incarnation, p.holds, p.since, p.probe_failures = incarnation, None, self.now, 0

@@ -1,0 +1,22 @@
+"""Every Python block of the README runs as written, so the README cannot drift."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_the_readme_has_python_examples() -> None:
+    assert len(BLOCKS) >= 2
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_readme_example_runs(index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # examples write their journals and checkpoints here
+    code = compile(BLOCKS[index], f"README.md python block {index}", "exec")
+    exec(code, {"__name__": f"readme_{index}"})
