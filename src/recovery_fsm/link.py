@@ -9,7 +9,9 @@ Effects go to the adapter's ``execute`` one at a time, in order, on the link's o
 dispatcher thread, outside every lock: a slow load never stalls the trainer or the export
 writer, ``execute`` may read the controller or report back through ``send``, and an
 ``execute`` that raises is logged and kept in ``errors`` (with its effect, to retry) while
-the effects after it still run.
+the effects after it still run. Without ``execute``, ``send`` only returns the effects: then
+every sender must run them itself, so give the link an ``execute`` whenever a component that
+ignores return values (the exporter's ``report``) sends through it.
 """
 
 from __future__ import annotations
