@@ -70,8 +70,6 @@ def _to_incarnations(value: Any) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-
-
 @attrs.frozen
 class Event:
     """Base class; ``kind`` names the event in the journal."""

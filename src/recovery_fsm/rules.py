@@ -258,12 +258,12 @@ class Rules:
                     f"which was never started (current: {g.record.incarnation})"
                 )
 
-        clean, missed = self._classify_sync(self.fleet.version)
+        outcome = self._export_outcome(self.fleet.version)
         self.fleet.version = e.version
         self._make_checkpoints_stale()
         for g in self.groups.values():
-            if clean or missed:
-                self._count_sync(g, missed)
+            if outcome is not None:
+                self._count_sync(g, missed=outcome == "missed")
             r = g.record
             if r.state in UP:
                 if e.groups.get(r.name) == r.incarnation:
@@ -276,15 +276,14 @@ class Rules:
                 # It waited for the old version's export; that checkpoint is stale now.
                 self._relaunch(g)
 
-    def _classify_sync(self, old: int) -> tuple[bool, bool]:
-        """(clean, missed) for the sync that leaves version ``old``."""
+    def _export_outcome(self, old: int) -> str | None:
+        """How the export of ``old`` fared by the sync that leaves it: "clean" (committed),
+        "missed" (started, not committed), or None (never started: the sync does not count)."""
         ck = self.checkpoints.get(old)
         state = ck.record.state if ck is not None else self.finished.get(old)
         if state is None:
-            return False, False  # no export of that version: neither clean nor missed
-        if state in COMMITTED or state == "deleted":
-            return True, False
-        return False, True
+            return None
+        return "clean" if state in COMMITTED or state == "deleted" else "missed"
 
     def _count_sync(self, g: _Group, missed: bool) -> None:
         """A missed export cools immediate recovery down; N clean syncs in a row end it."""
@@ -306,12 +305,8 @@ class Rules:
             )
         if e.version in self.checkpoints or e.version in self.finished:
             raise EventNotAllowed(f"an export of version {e.version} was already started")
-        running = [v for v, c in self.checkpoints.items() if c.record.state == "exporting"]
-        if running:
-            raise EventNotAllowed(f"export of version {running[0]} still in flight")
 
         record = CheckpointRecord(e.version, pinned=e.pinned, state="exporting")
-        self.changed = True
         self.checkpoints[e.version] = _Checkpoint(record, build=True)
         self.transitions.append((f"checkpoint:{e.version}", "create", "", "exporting"))
 
@@ -344,7 +339,6 @@ class Rules:
         ck = self._require_checkpoint(
             e, e.version, states={"exporting", "ready", "superseded", "abandoned"}
         )
-        self.changed = True
         ck.record.pinned = True
 
     def on_CheckpointDeleted(self, e: ev.CheckpointDeleted) -> None:
@@ -354,7 +348,6 @@ class Rules:
 
     def on_Shutdown(self, e: ev.Shutdown) -> None:
         self._require_open(e)
-        self.changed = True
         self.closed = True
         for g in self.groups.values():
             r = g.record
@@ -395,7 +388,6 @@ class Rules:
                 f"but the fleet has only reached {self.fleet.version}"
             )
 
-        self.changed = True
         start = "active" if e.version == self.fleet.version else "pending_weights"
         record = GroupRecord(e.group, self.fleet, e.version, state=start)
         recovery = RecoveryRecord(
@@ -413,7 +405,6 @@ class Rules:
         if g is None:
             return
         r = g.record
-        self.changed = True
         r.probe_failures += 1
         if r.probe_failures >= self.config.suspect_threshold:
             self._fail(g)
@@ -424,7 +415,6 @@ class Rules:
         g = self._current(e, SERVING)
         if g is None:
             return
-        self.changed = True
         g.record.probe_failures = 0
         if g.record.state == "suspect":
             self._fire_group(g, "probe_ok")

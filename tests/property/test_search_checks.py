@@ -57,7 +57,22 @@ def test_an_accepted_duplicate_is_a_finding_and_a_refused_one_is_not() -> None:
     lax = Sim(rules=IgnoresDuplicateCommits)
     assert _walk(lax, ["export", "commit(0)"]) == []
     found = lax.duplicate(0)
-    assert found and "accepted the duplicate" in found[0]
+    assert found and "which it must refuse" in found[0]
+
+
+class SyncsAfterShutdown(Rules):
+    def _require_open(self, e: ev.Event) -> None:
+        pass  # forgets that Shutdown closed it
+
+
+def test_misuse_is_refused_by_the_real_rules_and_caught_when_accepted() -> None:
+    real = Sim()
+    assert _walk(real, ["shutdown"]) == []
+    assert all(real.misuse(i) == [] for i in range(8))
+    lax = Sim(rules=SyncsAfterShutdown)
+    assert _walk(lax, ["shutdown"]) == []
+    found = [f for i in range(8) for f in lax.misuse(i)]
+    assert found and all("which it must refuse" in f for f in found)
 
 
 def test_a_group_left_waiting_is_a_finding() -> None:

@@ -299,23 +299,45 @@ class Sim:
         problems += self.controller.check_invariants()
         return problems
 
+    def misuse(self, index: int) -> list[str]:
+        """Send something the trainer must not (an event after shutdown, a sync that does not
+        move forward, an export of another version, a group registered twice): it must be
+        refused and change nothing."""
+        w, now = self.world, self.now
+        wrong: list[ev.Event] = [
+            ev.WeightsSynced(w.fleet, {}, at=now),
+            ev.ExportStarted(w.fleet + 1, at=now),
+            ev.GroupRegistered(self.scope.groups[0], w.fleet, at=now),
+        ]
+        if w.closed:
+            wrong += [
+                ev.WeightsSynced(w.fleet + 1, {}, at=now),
+                ev.GroupRegistered("late", w.fleet, at=now),
+                ev.Shutdown(at=now),
+            ]
+            if w.fleet not in w.started:
+                wrong.append(ev.ExportStarted(w.fleet, at=now))
+        return self._refused(wrong[index % len(wrong)])
+
     def duplicate(self, index: int) -> list[str]:
         """Deliver an earlier completion again: it must be refused and change nothing."""
         earlier: Any = self.delivered[index % len(self.delivered)]
-        event: ev.Event = attrs.evolve(earlier, at=self.now)
-        self.trace.append(f"duplicate({event.kind})")
+        return self._refused(attrs.evolve(earlier, at=self.now))
+
+    def _refused(self, event: ev.Event) -> list[str]:
+        self.trace.append(f"wrong({event.kind})")
         before = self.controller.snapshot()
         try:
             self.controller.handle(event)
         except RecoveryError:
             if self.controller.snapshot() != before:
-                return self._found([f"refusing the duplicate {event!r} changed the controller"])
+                return self._found([f"refusing {event!r} changed the controller"])
             return []
         except Exception as err:
             return self._found(
                 [f"the controller crashed on {event!r}: {type(err).__name__}: {err}"]
             )
-        return self._found([f"the controller accepted the duplicate {event!r}"])
+        return self._found([f"the controller accepted {event!r}, which it must refuse"])
 
     # -- liveness ------------------------------------------------------------------------
 

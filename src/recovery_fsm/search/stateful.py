@@ -152,6 +152,11 @@ def race_search(
             """A completion is delivered again, late."""
             self._check(self.sim.duplicate(index))
 
+        @rule(index=st.integers(0, 63))
+        def misuse(self, index: int) -> None:
+            """The trainer sends something it must not: refused, nothing changes."""
+            self._check(self.sim.misuse(index))
+
         @rule(seconds=st.floats(0.0, 25.0, allow_nan=False))
         def time_passes(self, seconds: float) -> None:
             """Time passes by a drawn amount (the trainer's ticks land on deadlines too)."""

@@ -79,6 +79,7 @@ class World:
     pinned: set[int] = attrs.Factory(set)
     disk: dict[str, int] = attrs.Factory(dict)  # committed directories: path -> version
     deleting: dict[str, int] = attrs.Factory(dict)  # deletes asked for, not done yet
+    gone: dict[int, frozenset[str]] = attrs.Factory(dict)  # ended checkpoints: allowed states
 
     # -- what happened -------------------------------------------------------------------
 
@@ -111,6 +112,8 @@ class World:
             self.disk[e.path] = e.version
         elif isinstance(e, (ev.ExportFailed, ev.ExportCancelled)):
             self.exports.pop(e.version, None)
+            failed = isinstance(e, ev.ExportFailed) and e.version == self.fleet and not self.closed
+            self.gone[e.version] = frozenset({"failed"} if failed else {"discarded"})
         elif isinstance(e, ev.CheckpointPinned):
             self.pinned.add(e.version)
             if e.version in self.exports:
@@ -177,6 +180,7 @@ class World:
                 out.append(f"{path} was deleted while {reader} was still loading it")
             self.deleting.pop(path)
             self.disk.pop(path, None)
+            self.gone[version] = frozenset({"deleted"})
 
     def _load_done(self, e: ev.RestartLoaded | ev.RestartLoadFailed, out: list[str]) -> None:
         load = self.loads.pop((e.group, e.incarnation), None)
@@ -212,6 +216,7 @@ class World:
             if self.routed.get(f.group) != f.incarnation:
                 out.append(f"traffic withdrawn from {f.group}#{f.incarnation}, never routed to")
             self.routed.pop(f.group, None)
+            self.procs[f.group].probe_failures = 0  # probes count within one spell of serving
         elif isinstance(f, fx.RetireGroup):
             p = self.procs[f.group]
             if p.status != "down":
@@ -353,11 +358,21 @@ class World:
                     f"group {name} is {g.state} (#{g.incarnation}) but the router sends to "
                     f"{self.routed.get(name)}"
                 )
+            if g.state in SERVING:
+                health = "suspect" if p.probe_failures else "active"
+                if g.state != health:
+                    out.append(f"group {name} is {g.state} after {p.probe_failures} failed probes")
             expected = self.recovery[name].state
             if g.recovery != expected:
                 out.append(f"immediate recovery of {name} is {g.recovery}, expected {expected}")
-            if p.status == "down" and self._current_ready() and expected == "enabled":
-                out.append(f"group {name} still waits though C({self.fleet}) is committed")
+            if p.status == "down" and expected == "enabled":
+                if self._current_ready():
+                    out.append(f"group {name} still waits though C({self.fleet}) is committed")
+                elif self.fleet in self.started and self.fleet not in self.exports:
+                    out.append(f"group {name} still waits for C({self.fleet}), whose export ended")
+        for v, allowed in self.gone.items():
+            if c.checkpoint_state(v) not in allowed:
+                out.append(f"checkpoint {v} is {c.checkpoint_state(v)}, expected {sorted(allowed)}")
         for name, incarnation in self.routed.items():
             p = self.procs[name]
             if p.incarnation != incarnation or p.status != "up" or p.holds != self.fleet:
