@@ -1,39 +1,74 @@
-"""Every bad input raises a typed error that says what was expected and changes nothing."""
+"""Every bad input raises a typed error that says what was expected, changes nothing, and is
+journaled with that error (so a replay sees the refusal too)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
+import attrs
 import pytest
 from conftest import Driver
 
 from recovery_fsm import (
     EventNotAllowed,
-    LeaseError,
     MalformedEvent,
     RecoveryConfig,
     RecoveryController,
     RecoveryError,
     UnknownGroup,
     UnknownVersion,
+    WrongIncarnation,
 )
 from recovery_fsm import events as ev
 from recovery_fsm.effects import RestartFromCheckpoint
+from recovery_fsm.journal import encode
 
 T = 1000.0  # later than anything the fixture sent
 
 
-def _loading(d: Driver) -> str:
-    (restart,) = d.send(ev.GroupFailed, "g1")
+@pytest.fixture
+def journal(driver: Driver) -> list[dict[str, Any]]:
+    """The fixture's controller, swapped for a fork that journals: every refusal below must
+    reach the journal."""
+    records: list[dict[str, Any]] = []
+    driver.c = driver.c.fork(journal=records.append)
+    return records
+
+
+def _refused(
+    c: RecoveryController, records: list[dict[str, Any]], event: object, error: type[Exception]
+) -> RecoveryError:
+    """Send ``event``, expect ``error``; check nothing changed and the refusal was journaled."""
+    before = c.snapshot()
+    seen = len(records)
+    with pytest.raises(error) as info:
+        c.handle(event)  # type: ignore[arg-type]
+    err = info.value
+    assert isinstance(err, RecoveryError)
+    assert c.snapshot() == before
+    assert c.check_invariants() == []
+    assert c.broken is None
+    (record,) = records[seen:]
+    assert record["event"] == encode(event)
+    assert record["error"] == {"type": type(err).__name__, "message": str(err)}
+    assert "effects" not in record and "transitions" not in record
+    return err
+
+
+def _loading(d: Driver) -> int:
+    """g1 fails and boots from C(1); returns the incarnation that loads."""
+    _, restart = d.about(ev.GroupFailed, "g1")
     assert isinstance(restart, RestartFromCheckpoint)
-    return restart.lease
+    return restart.incarnation
 
 
-def _released(d: Driver) -> str:
-    lease = _loading(d)
-    d.send(ev.RestartLoaded, "g1", lease)
-    return lease
+def _released(d: Driver) -> int:
+    """g1's load finished (its lease released); returns that incarnation."""
+    incarnation = _loading(d)
+    d.send(ev.RestartLoaded, "g1", incarnation)
+    return incarnation
 
 
 def _exporting(d: Driver) -> None:
@@ -50,180 +85,232 @@ def _nothing(d: Driver) -> None:
 
 
 # (name, setup, event built from setup's return value, expected error, words in the message)
-CASES: list[tuple[str, Callable[[Driver], object], Callable[[object], ev.Event], type, str]] = [
-    ("probe unknown group", _nothing, lambda _: ev.ProbeFailed("gX", T), UnknownGroup, "gX"),
-    ("probe ok unknown", _nothing, lambda _: ev.ProbeOk("gX", T), UnknownGroup, "registered"),
-    ("fail unknown group", _nothing, lambda _: ev.GroupFailed("gX", T), UnknownGroup, "gX"),
-    ("relaunched unknown", _nothing, lambda _: ev.Relaunched("gX", T), UnknownGroup, "gX"),
+Case = tuple[str, Callable[[Driver], Any], Callable[[Any], ev.Event], type[Exception], str]
+CASES: list[Case] = [
+    ("probe unknown group", _nothing, lambda _: ev.ProbeFailed("gX", 1, at=T), UnknownGroup, "gX"),
+    (
+        "probe ok unknown",
+        _nothing,
+        lambda _: ev.ProbeOk("gX", 1, at=T),
+        UnknownGroup,
+        "registered",
+    ),
+    ("fail unknown group", _nothing, lambda _: ev.GroupFailed("gX", 1, at=T), UnknownGroup, "gX"),
+    ("relaunched unknown", _nothing, lambda _: ev.Relaunched("gX", 1, at=T), UnknownGroup, "gX"),
     (
         "sync unknown group",
         _nothing,
-        lambda _: ev.WeightsSynced(2, {"g1", "gX"}, T),
+        lambda _: ev.WeightsSynced(2, {"g1": 1, "gX": 1}, at=T),
         UnknownGroup,
         "gX",
     ),
     (
+        "sync a never-started incarnation",
+        _nothing,
+        lambda _: ev.WeightsSynced(2, {"g1": 2}, at=T),
+        WrongIncarnation,
+        "never started",
+    ),
+    (
         "sync same version",
         _nothing,
-        lambda _: ev.WeightsSynced(1, {"g1"}, T),
+        lambda _: ev.WeightsSynced(1, {"g1": 1}, at=T),
         EventNotAllowed,
         "above 1",
     ),
     (
         "sync older version",
         _nothing,
-        lambda _: ev.WeightsSynced(0, {"g1"}, T),
+        lambda _: ev.WeightsSynced(0, {"g1": 1}, at=T),
         EventNotAllowed,
         "above 1",
     ),
     (
         "export wrong version",
         _nothing,
-        lambda _: ev.ExportStarted(3, T),
+        lambda _: ev.ExportStarted(3, at=T),
         UnknownVersion,
         "current version",
     ),
     (
         "export twice",
         _nothing,
-        lambda _: ev.ExportStarted(1, T),
+        lambda _: ev.ExportStarted(1, at=T),
         EventNotAllowed,
         "already started",
     ),
     (
         "second export in flight",
         _exporting,
-        lambda _: ev.ExportStarted(2, T),
+        lambda _: ev.ExportStarted(2, at=T),
         EventNotAllowed,
         "already started",
     ),
     (
         "commit unknown version",
         _nothing,
-        lambda _: ev.ExportCommitted(7, "/p", T),
+        lambda _: ev.ExportCommitted(7, "/p", at=T),
         UnknownVersion,
         "no such checkpoint",
     ),
     (
         "commit twice",
         _nothing,
-        lambda _: ev.ExportCommitted(1, "/p", T),
+        lambda _: ev.ExportCommitted(1, "/p", at=T),
         EventNotAllowed,
         "expects it in one of",
     ),
     (
         "fail a ready export",
         _nothing,
-        lambda _: ev.ExportFailed(1, "x", T),
+        lambda _: ev.ExportFailed(1, "x", at=T),
         EventNotAllowed,
         "ready",
     ),
     (
         "cancel a ready export",
         _nothing,
-        lambda _: ev.ExportCancelled(1, T),
+        lambda _: ev.ExportCancelled(1, at=T),
         EventNotAllowed,
         "ready",
     ),
     (
         "delete a ready checkpoint",
         _nothing,
-        lambda _: ev.CheckpointDeleted(1, T),
+        lambda _: ev.CheckpointDeleted(1, at=T),
         EventNotAllowed,
         "deletable",
     ),
-    ("delete unknown", _nothing, lambda _: ev.CheckpointDeleted(9, T), UnknownVersion, "9"),
-    ("pin unknown", _nothing, lambda _: ev.CheckpointPinned(9, T), UnknownVersion, "9"),
+    ("delete unknown", _nothing, lambda _: ev.CheckpointDeleted(9, at=T), UnknownVersion, "9"),
+    ("pin unknown", _nothing, lambda _: ev.CheckpointPinned(9, at=T), UnknownVersion, "9"),
+    # Was "lease never granted": a report about a start that never happened.
     (
-        "lease never granted",
+        "loaded for a never-started incarnation",
         _loading,
-        lambda _: ev.RestartLoaded("g1", "L999", T),
-        LeaseError,
-        "never granted",
+        lambda inc: ev.RestartLoaded("g1", inc + 1, at=T),
+        WrongIncarnation,
+        "current incarnation is",
     ),
+    # A report from the process the restart replaced.
     (
-        "lease released twice",
-        _released,
-        lambda lease: ev.RestartLoaded("g1", lease, T),  # type: ignore[arg-type]
-        LeaseError,
-        "already released",
-    ),
-    (
-        "load failed twice",
-        _released,
-        lambda lease: ev.RestartLoadFailed("g1", lease, T),  # type: ignore[arg-type]
-        LeaseError,
-        "already released",
-    ),
-    (
-        "lease of another group",
+        "loaded for an older incarnation",
         _loading,
-        lambda lease: ev.RestartLoaded("g2", lease, T),  # type: ignore[arg-type]
-        LeaseError,
-        "belongs to group",
+        lambda inc: ev.RestartLoaded("g1", inc - 1, at=T),
+        WrongIncarnation,
+        "current incarnation is",
+    ),
+    (
+        "failed for an older incarnation",
+        _released,
+        lambda inc: ev.GroupFailed("g1", inc - 1, at=T),
+        WrongIncarnation,
+        "incarnation 1 of group 'g1'",
+    ),
+    (
+        "probe an older incarnation",
+        _released,
+        lambda inc: ev.ProbeFailed("g1", inc - 1, at=T),
+        WrongIncarnation,
+        "incarnation 1",
+    ),
+    # Was "lease released twice": the start already reported its outcome.
+    (
+        "loaded twice",
+        _released,
+        lambda inc: ev.RestartLoaded("g1", inc, at=T),
+        EventNotAllowed,
+        "loading",
+    ),
+    (
+        "load failed after loaded",
+        _released,
+        lambda inc: ev.RestartLoadFailed("g1", inc, at=T),
+        EventNotAllowed,
+        "loading",
+    ),
+    # Was "lease of another group": g2 never had a second start.
+    (
+        "loaded for another group's incarnation",
+        _loading,
+        lambda inc: ev.RestartLoaded("g2", inc, at=T),
+        WrongIncarnation,
+        "group 'g2'",
     ),
     (
         "relaunched not relaunching",
         _nothing,
-        lambda _: ev.Relaunched("g1", T),
+        lambda _: ev.Relaunched("g1", 1, at=T),
         EventNotAllowed,
         "relaunching",
     ),
     (
         "relaunch failed not relaunching",
         _nothing,
-        lambda _: ev.RelaunchFailed("g1", T),
+        lambda _: ev.RelaunchFailed("g1", 1, at=T),
         EventNotAllowed,
         "relaunching",
     ),
     (
+        "relaunched for a loading start",
+        _loading,
+        lambda inc: ev.Relaunched("g1", inc, at=T),
+        EventNotAllowed,
+        "loading",
+    ),
+    (
         "probe a loading group",
         _loading,
-        lambda _: ev.ProbeFailed("g1", T),
+        lambda inc: ev.ProbeFailed("g1", inc, at=T),
         EventNotAllowed,
         "loading",
     ),
     (
         "register twice",
         _nothing,
-        lambda _: ev.GroupRegistered("g1", 1, T),
+        lambda _: ev.GroupRegistered("g1", 1, at=T),
         EventNotAllowed,
         "already registered",
     ),
     (
         "register future version",
         _nothing,
-        lambda _: ev.GroupRegistered("g9", 5, T),
+        lambda _: ev.GroupRegistered("g9", 5, at=T),
         UnknownVersion,
         "only reached 1",
     ),
-    ("time goes backwards", _nothing, lambda _: ev.ProbeOk("g1", 0.5), MalformedEvent, "backwards"),
+    (
+        "time goes backwards",
+        _nothing,
+        lambda _: ev.ProbeOk("g1", 1, at=0.5),
+        MalformedEvent,
+        "backwards",
+    ),
     (
         "sync after shutdown",
         _shutdown,
-        lambda _: ev.WeightsSynced(2, {"g1"}, T),
+        lambda _: ev.WeightsSynced(2, {"g1": 1}, at=T),
         EventNotAllowed,
         "after Shutdown",
     ),
     (
         "export after shutdown",
         _shutdown,
-        lambda _: ev.ExportStarted(1, T),
+        lambda _: ev.ExportStarted(1, at=T),
         EventNotAllowed,
         "after Shutdown",
     ),
     (
         "register after shutdown",
         _shutdown,
-        lambda _: ev.GroupRegistered("g9", 1, T),
+        lambda _: ev.GroupRegistered("g9", 1, at=T),
         EventNotAllowed,
         "after Shutdown",
     ),
-    ("shutdown twice", _shutdown, lambda _: ev.Shutdown(T), EventNotAllowed, "after Shutdown"),
+    ("shutdown twice", _shutdown, lambda _: ev.Shutdown(at=T), EventNotAllowed, "after Shutdown"),
     (
         "fail a stopped group",
         _shutdown,
-        lambda _: ev.GroupFailed("g1", T),
+        lambda _: ev.GroupFailed("g1", 1, at=T),
         EventNotAllowed,
         "stopped",
     ),
@@ -235,73 +322,112 @@ CASES: list[tuple[str, Callable[[Driver], object], Callable[[object], ev.Event],
 )
 def test_bad_event_raises_typed_error_and_changes_nothing(
     driver: Driver,
+    journal: list[dict[str, Any]],
     name: str,
-    setup: Callable[[Driver], object],
-    make: Callable[[object], ev.Event],
-    error: type,
+    setup: Callable[[Driver], Any],
+    make: Callable[[Any], ev.Event],
+    error: type[Exception],
     words: str,
 ) -> None:
     context = setup(driver)
-    before = driver.c.snapshot()
-    with pytest.raises(error) as info:
-        driver.c.handle(make(context))
-    assert isinstance(info.value, RecoveryError)
-    assert words in str(info.value)
-    assert driver.c.snapshot() == before
-    assert driver.c.check_invariants() == []
+    err = _refused(driver.c, journal, make(context), error)
+    assert words in str(err)
 
 
-def test_group_failed_twice_is_not_allowed(driver: Driver) -> None:
+def test_group_failed_twice_is_not_allowed(driver: Driver, journal: list[dict[str, Any]]) -> None:
     driver.sync(2)
     driver.send(ev.ExportStarted, 2)
-    driver.send(ev.GroupFailed, "g1")  # awaiting_checkpoint
-    before = driver.c.snapshot()
-    with pytest.raises(EventNotAllowed, match="awaiting_checkpoint"):
-        driver.c.handle(ev.GroupFailed("g1", T))
-    assert driver.c.snapshot() == before
+    driver.about(ev.GroupFailed, "g1")  # awaiting_checkpoint: same incarnation, no process
+    err = _refused(driver.c, journal, ev.GroupFailed("g1", driver.inc("g1"), at=T),
+                   EventNotAllowed)  # fmt: skip
+    assert "awaiting_checkpoint" in str(err)
 
 
-def test_pin_after_delete_was_requested_is_refused(driver: Driver) -> None:
+def test_pin_after_delete_was_requested_is_refused(
+    driver: Driver, journal: list[dict[str, Any]]
+) -> None:
     driver.sync(2)  # C(1) deletable, delete in flight
-    before = driver.c.snapshot()
-    with pytest.raises(EventNotAllowed, match="deletable"):
-        driver.c.handle(ev.CheckpointPinned(1, T))
-    assert driver.c.snapshot() == before
+    err = _refused(driver.c, journal, ev.CheckpointPinned(1, at=T), EventNotAllowed)
+    assert "deletable" in str(err)
     driver.send(ev.CheckpointDeleted, 1)
-    with pytest.raises(EventNotAllowed, match="already deleted"):
-        driver.c.handle(ev.CheckpointPinned(1, T))
+    err = _refused(driver.c, journal, ev.CheckpointPinned(1, at=T + 1), EventNotAllowed)
+    assert "already deleted" in str(err)
 
 
-def test_not_an_event_is_refused(driver: Driver) -> None:
-    before = driver.c.snapshot()
-    with pytest.raises(MalformedEvent, match="expected one of"):
-        driver.c.handle("WeightsSynced")  # type: ignore[arg-type]
-    assert driver.c.snapshot() == before
+@pytest.mark.parametrize("thing", ["WeightsSynced", "x", None, {"kind": "Tick", "at": 5.0}])
+def test_not_an_event_is_refused_and_journaled(
+    driver: Driver, journal: list[dict[str, Any]], thing: object
+) -> None:
+    err = _refused(driver.c, journal, thing, MalformedEvent)
+    assert "expected one of" in str(err)
+    assert journal[-1]["event"] == {"kind": type(thing).__name__, "repr": repr(thing)}
+
+
+def test_an_event_subclass_is_not_an_event(driver: Driver, journal: list[dict[str, Any]]) -> None:
+    """Only the event classes themselves: a subclass could carry fields a replay cannot
+    rebuild."""
+
+    @attrs.frozen
+    class MyTick(ev.Tick):
+        pass
+
+    _refused(driver.c, journal, MyTick(at=T), MalformedEvent)
 
 
 @pytest.mark.parametrize(
     ("build", "words"),
     [
-        (lambda: ev.WeightsSynced(-1, frozenset(), 1.0), "int >= 0"),
-        (lambda: ev.WeightsSynced(True, frozenset(), 1.0), "int >= 0"),
-        (lambda: ev.WeightsSynced(1.0, frozenset(), 1.0), "int >= 0"),
-        (lambda: ev.WeightsSynced(1, frozenset({""}), 1.0), "non-empty string"),
-        (lambda: ev.WeightsSynced(1, "g1", 1.0), "set of group names"),
-        (lambda: ev.WeightsSynced(1, frozenset(), math.nan), "finite"),
-        (lambda: ev.ProbeFailed(" g1", 1.0), "surrounding spaces"),
-        (lambda: ev.ProbeFailed("g1", "now"), "finite"),
-        (lambda: ev.ExportCommitted(1, "", 1.0), "non-empty"),
-        (lambda: ev.ExportFailed(1, None, 1.0), "string"),
-        (lambda: ev.ExportStarted(1, 1.0, pinned="yes"), "bool"),
-        (lambda: ev.Tick(math.inf), "finite"),
+        (lambda: ev.WeightsSynced(-1, {}, at=1.0), "int >= 0"),
+        (lambda: ev.WeightsSynced(True, {}, at=1.0), "int >= 0"),
+        (lambda: ev.WeightsSynced(1.0, {}, at=1.0), "int >= 0"),
+        (lambda: ev.WeightsSynced(1, {"": 1}, at=1.0), "group names"),
+        (lambda: ev.WeightsSynced(1, {" g1": 1}, at=1.0), "group names"),
+        (lambda: ev.WeightsSynced(1, {"g1": 0}, at=1.0), "incarnation"),
+        (lambda: ev.WeightsSynced(1, {"g1": True}, at=1.0), "incarnation"),
+        (lambda: ev.WeightsSynced(1, {"g1": "1"}, at=1.0), "incarnation"),
+        (lambda: ev.WeightsSynced(1, "g1", at=1.0), "map each group name"),
+        # A set cannot say which process received the weights.
+        (lambda: ev.WeightsSynced(1, {"g1"}, at=1.0), "map each group name"),
+        (lambda: ev.WeightsSynced(1, frozenset({"g1"}), at=1.0), "map each group name"),
+        (lambda: ev.WeightsSynced(1, ["g1"], at=1.0), "map each group name"),
+        (lambda: ev.WeightsSynced(1, {}, at=math.nan), "finite"),
+        (lambda: ev.ProbeFailed(" g1", 1, at=1.0), "surrounding spaces"),
+        (lambda: ev.ProbeFailed("g1", 0, at=1.0), "int >= 1"),
+        (lambda: ev.ProbeFailed("g1", 1.0, at=1.0), "int >= 1"),
+        (lambda: ev.GroupFailed("g1", True, at=1.0), "int >= 1"),
+        (lambda: ev.ProbeFailed("g1", 1, at="now"), "finite"),
+        (lambda: ev.ProbeFailed("g1", 1, at=True), "finite"),
+        (lambda: ev.ExportCommitted(1, "", at=1.0), "non-empty"),
+        (lambda: ev.ExportFailed(1, None, at=1.0), "string"),
+        (lambda: ev.ExportStarted(1, pinned="yes", at=1.0), "True or False"),
+        (lambda: ev.ExportStarted(1, pinned=1, at=1.0), "True or False"),
+        (lambda: ev.Tick(at=math.inf), "finite"),
     ],
 )
 def test_malformed_fields_are_refused_at_construction(
     build: Callable[[], ev.Event], words: str
 ) -> None:
-    with pytest.raises((MalformedEvent, TypeError)) as info:
+    with pytest.raises(MalformedEvent) as info:
         build()
     assert words in str(info.value)
+
+
+# A valid value for every field an event takes positionally.
+_VALID: dict[str, object] = {
+    "version": 1, "group": "g1", "incarnation": 1, "groups": {"g1": 1}, "path": "/p",
+    "error": "", "reason": "", "pinned": False,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("cls", sorted(ev.EVENT_TYPES.values(), key=lambda c: c.__name__))
+def test_at_cannot_be_passed_positionally(cls: type[ev.Event]) -> None:
+    """A positional time would silently land in the next field (an error text, a pinned
+    flag) when fields are added: ``at`` is keyword-only on every event."""
+    assert attrs.fields_dict(cls)["at"].kw_only
+    positional = [_VALID[f.name] for f in attrs.fields(cls) if not f.kw_only]
+    assert isinstance(cls(*positional, at=5.0), cls)  # the same values, keyword at: fine
+    with pytest.raises(TypeError):
+        cls(*positional, 5.0)  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(
@@ -310,7 +436,13 @@ def test_malformed_fields_are_refused_at_construction(
         {"clean_syncs_to_reenable": 0},
         {"suspect_threshold": -1},
         {"restart_budget": 1.5},
+        {"restart_budget": True},
         {"await_checkpoint_timeout_s": -1},
+        {"load_timeout_s": math.nan},
+        {"relaunch_timeout_s": "60"},
+        {"immediate_recovery": "no"},
+        {"immediate_recovery": 0},
+        {"export_every_sync": 1},
     ],
 )
 def test_bad_config_is_refused(kwargs: dict[str, object]) -> None:
@@ -318,6 +450,10 @@ def test_bad_config_is_refused(kwargs: dict[str, object]) -> None:
         RecoveryConfig(**kwargs)  # type: ignore[arg-type]
 
 
-def test_bad_initial_version_is_refused() -> None:
+def test_bad_controller_arguments_are_refused() -> None:
     with pytest.raises(MalformedEvent, match="initial_version"):
         RecoveryController(initial_version=-3)
+    with pytest.raises(MalformedEvent, match="initial_version"):
+        RecoveryController(initial_version=True)
+    with pytest.raises(MalformedEvent, match="RecoveryConfig"):
+        RecoveryController({"restart_budget": 3})  # type: ignore[arg-type]

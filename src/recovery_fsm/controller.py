@@ -118,16 +118,19 @@ class RecoveryController:
             self._running = True
             try:
                 effects = tuple(self._rules.apply(event))
-            except Exception as err:
-                if isinstance(err, RecoveryError) and not self._rules.changed:
+            except BaseException as err:
+                self._running = False
+                if isinstance(err, RecoveryError) and not self._rules.applying:
                     self._refused(event, err)
                     raise
-                # A bug, or a refusal after something changed: stop for good.
+                # A bug, an interrupt, or a refusal after the checks passed: the event may be
+                # half applied, so stop for good.
                 broken = self._break(event, err)
                 self._refused(event, err)
+                if not isinstance(err, Exception):
+                    raise  # KeyboardInterrupt and the like go on; the controller stays stopped
                 raise broken from err
-            finally:
-                self._running = False
+            self._running = False
             self._now = at
             self._steps += 1
             self._write_journal(self._record(event, effects=effects))
@@ -372,6 +375,7 @@ class RecoveryController:
             return
         if self._unjournaled:
             record = {**record, "lost": self._unjournaled}
+        was_running, self._running = self._running, True  # events sent from a sink are refused
         try:
             self._journal(record)
         except Exception:
@@ -380,3 +384,5 @@ class RecoveryController:
             log.exception("journal sink failed on step %s; the event stands", record.get("step"))
         else:
             self._unjournaled = 0
+        finally:
+            self._running = was_running

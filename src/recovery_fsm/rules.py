@@ -220,13 +220,15 @@ class Rules:
         self.effects: list[fx.Effect] = []
         self.transitions: list[tuple[str, str, str, str]] = []
         self.now = 0.0
-        self.changed = False  # set by the first change an event makes
+        # Set where an event's checks end and its changes begin: a refusal after that
+        # point would leave the event half applied, so the controller treats it as a bug.
+        self.applying = False
         self._handlers = {
             cls: getattr(self, f"on_{cls.__name__}") for cls in ev.EVENT_TYPES.values()
         }
 
     def apply(self, e: ev.Event) -> list[fx.Effect]:
-        self.effects, self.transitions, self.changed = [], [], False
+        self.effects, self.transitions, self.applying = [], [], False
         self.now = e.at
         self._handlers[type(e)](e)
         return self.effects
@@ -258,6 +260,7 @@ class Rules:
                     f"which was never started (current: {g.record.incarnation})"
                 )
 
+        self.applying = True
         outcome = self._export_outcome(self.fleet.version)
         self.fleet.version = e.version
         self._make_checkpoints_stale()
@@ -306,6 +309,7 @@ class Rules:
         if e.version in self.checkpoints or e.version in self.finished:
             raise EventNotAllowed(f"an export of version {e.version} was already started")
 
+        self.applying = True
         record = CheckpointRecord(e.version, pinned=e.pinned, state="exporting")
         self.checkpoints[e.version] = _Checkpoint(record, build=True)
         self.transitions.append((f"checkpoint:{e.version}", "create", "", "exporting"))
@@ -348,6 +352,7 @@ class Rules:
 
     def on_Shutdown(self, e: ev.Shutdown) -> None:
         self._require_open(e)
+        self.applying = True
         self.closed = True
         for g in self.groups.values():
             r = g.record
@@ -360,6 +365,7 @@ class Rules:
         self._make_checkpoints_stale()
 
     def on_Tick(self, e: ev.Tick) -> None:
+        self.applying = True
         c = self.config
         for g in list(self.groups.values()):
             r = g.record
@@ -388,6 +394,7 @@ class Rules:
                 f"but the fleet has only reached {self.fleet.version}"
             )
 
+        self.applying = True
         start = "active" if e.version == self.fleet.version else "pending_weights"
         record = GroupRecord(e.group, self.fleet, e.version, state=start)
         recovery = RecoveryRecord(
@@ -518,7 +525,6 @@ class Rules:
 
     def _next_incarnation(self, g: _Group) -> GroupRecord:
         r = g.record
-        self.changed = True
         r.incarnation += 1
         r.since = self.now
         return r
@@ -527,7 +533,6 @@ class Rules:
         """The outcome of a start arrived (or its process died): forget it, free its lease."""
         key = (g.record.name, g.record.incarnation if incarnation is None else incarnation)
         start = self.starts.pop(key, None)
-        self.changed = True
         if start is None or start.lease is None:
             return None
         ck = self.checkpoints[start.lease.version]
@@ -536,7 +541,6 @@ class Rules:
         return start.lease
 
     def _cool(self, g: _Group) -> None:
-        self.changed = True
         g.recovery.clean_streak = 0
         if g.recovery.state == "enabled":
             self._fire(g.recovery_machine, f"recovery:{g.record.name}", "cool")
@@ -607,6 +611,7 @@ class Rules:
         g = self._require_group(e.group)
         r = g.record
         if e.incarnation == r.incarnation and r.state in states:
+            self.applying = True
             return g
         start = self.starts.get((e.group, e.incarnation))
         if start is not None and self._orphaned(g, e.incarnation, start):
@@ -615,6 +620,7 @@ class Rules:
                 *(ev.LOAD_OUTCOMES if start.kind == "load" else ev.RELAUNCH_OUTCOMES),
             )
             if isinstance(e, ends):
+                self.applying = True
                 self._end_start(g, e.incarnation)
                 return None
         if e.incarnation != r.incarnation:
@@ -651,12 +657,12 @@ class Rules:
                 f"{e.kind} for checkpoint {version} expects it in one of {sorted(allowed)}, "
                 f"but it is {ck.record.state}"
             )
+        self.applying = True
         return ck
 
     # -- plumbing ----------------------------------------------------------------------------
 
     def _fire(self, machine: StateMachine, label: str, event: str) -> None:
-        self.changed = True
         model = machine.model  # the record; cheaper to read than the machine's configuration
         source = model.state
         machine.send(event)
@@ -680,5 +686,4 @@ class Rules:
             self._emit(fx.WithdrawTraffic(r.name, r.incarnation))
 
     def _emit(self, effect: fx.Effect) -> None:
-        self.changed = True
         self.effects.append(effect)

@@ -21,8 +21,8 @@ class Budget:
 
 
 PROFILES = {
-    "ci": Budget(examples=150, steps=40, mutant_examples=400, depth=6, liveness_depth=5),
-    "deep": Budget(examples=3000, steps=80, mutant_examples=2000, depth=8, liveness_depth=7),
+    "ci": Budget(examples=150, steps=40, mutant_examples=1000, depth=6, liveness_depth=5),
+    "deep": Budget(examples=3000, steps=80, mutant_examples=3000, depth=8, liveness_depth=7),
 }
 PROFILE = os.environ.get("RECOVERY_FSM_PROFILE", "ci")
 if PROFILE not in PROFILES:
