@@ -136,9 +136,10 @@ def test_sigkill_mid_export_never_leaves_a_torn_checkpoint(tmp_path: Path) -> No
     script.write_text(CHILD)
     root = tmp_path / "root"
     start = 0
-    trials = 12
-    torn = 0
-    for _ in range(trials):
+    torn = trials = 0
+    # Kill until enough kills landed mid-write (how many do depends on the machine's load).
+    while torn < 4 and trials < 40:
+        trials += 1
         child = subprocess.Popen(
             [sys.executable, str(script), str(root), str(start)],
             stdout=subprocess.PIPE,
@@ -161,4 +162,4 @@ def test_sigkill_mid_export_never_leaves_a_torn_checkpoint(tmp_path: Path) -> No
             assert load_checkpoint(path, verify="full").version == version
         start = max([start, *report.committed]) + 1
     # The kills did land mid-write: the scans found and removed half-written exports.
-    assert torn >= trials // 3
+    assert torn >= 4, f"only {torn} of {trials} kills landed mid-write"
