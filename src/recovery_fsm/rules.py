@@ -223,9 +223,7 @@ class Rules:
         # Set where an event's checks end and its changes begin: a refusal after that
         # point would leave the event half applied, so the controller treats it as a bug.
         self.applying = False
-        self._handlers = {
-            cls: getattr(self, f"on_{cls.__name__}") for cls in ev.EVENT_TYPES.values()
-        }
+        self._bind()
 
     def apply(self, e: ev.Event) -> list[fx.Effect]:
         self.effects, self.transitions, self.applying = [], [], False
@@ -240,6 +238,10 @@ class Rules:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
+        self._bind()
+
+    def _bind(self) -> None:
+        """Each event type to its rule, ``on_<Event>``."""
         self._handlers = {
             cls: getattr(self, f"on_{cls.__name__}") for cls in ev.EVENT_TYPES.values()
         }
