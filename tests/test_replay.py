@@ -12,7 +12,7 @@ import pytest
 from recovery_fsm import ControllerBroken, MalformedEvent, RecoveryConfig, RecoveryController, Rules
 from recovery_fsm import events as ev
 from recovery_fsm.journal import JsonlJournal
-from recovery_fsm.replay import replay
+from recovery_fsm.replay import rebuild, replay
 from recovery_fsm.search import MUTANTS, Sim
 
 
@@ -110,3 +110,31 @@ def test_a_crash_is_journaled_and_replays_as_a_violation(tmp_path: Path) -> None
     report = replay(path, CrashesOnProbeOk)
     assert report.violation_step == 2 and "crashed" in report.violations[0]
     assert replay(path, Rules).divergences  # the real one accepts that ProbeOk
+
+
+class BreaksOnSecondProbeOk(Rules):
+    """A rule with a bug that shows on the second ProbeOk."""
+
+    def on_ProbeOk(self, e: ev.ProbeOk) -> None:
+        if self.groups[e.group].record.restarts == 0 and self.now > 4.0:
+            raise KeyError("a bug")
+        super().on_ProbeOk(e)
+
+
+def test_rebuild_from_the_journal_goes_on_after_a_broken_controller(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    with JsonlJournal(path) as journal:
+        c = RecoveryController(journal=journal, rules=BreaksOnSecondProbeOk)
+        c.handle(ev.GroupRegistered("g1", 0, at=1.0))
+        c.handle(ev.ProbeFailed("g1", 1, at=2.0))
+        c.handle(ev.ProbeOk("g1", 1, at=3.0))
+        c.handle(ev.ProbeFailed("g1", 1, at=4.0))
+        with pytest.raises(ControllerBroken):
+            c.handle(ev.ProbeOk("g1", 1, at=5.0))
+        with pytest.raises(ControllerBroken):
+            c.handle(ev.Tick(at=6.0))
+    fresh = rebuild(path, rules=Rules)  # the bug fixed; its event and the refusal skipped
+    assert fresh.broken is None and fresh.group_state("g1") == "suspect"
+    assert fresh.snapshot()["groups"]["g1"]["probe_failures"] == 1
+    assert fresh.handle(ev.ProbeOk("g1", 1, at=7.0)) == ()
+    assert fresh.group_state("g1") == "active"

@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from .controller import RecoveryController
+from .controller import JournalSink, RecoveryController
 from .errors import ControllerBroken, MalformedEvent, RecoveryError
 from .journal import decode_event, encode, read_journal
 from .rules import RecoveryConfig, Rules
@@ -121,6 +121,32 @@ def replay(path: str | os.PathLike[str], rules: type[Rules] | None = None) -> Re
         if problems:
             return _report(cls, steps, step, problems, divergences)
     return _report(cls, steps, None, [], divergences)
+
+
+def rebuild(
+    path: str | os.PathLike[str],
+    *,
+    rules: type[Rules] | None = None,
+    journal: JournalSink | None = None,
+) -> RecoveryController:
+    """A fresh controller holding the state a journal recorded: its header's config and
+    rules, then every accepted event in order (refused ones, and the event that stopped a
+    broken controller, changed nothing and are skipped). This is how to go on after
+    ``ControllerBroken``: rebuild (with fixed ``rules`` if the bug is known), look at
+    ``outstanding()``, and carry on with it."""
+    records = list(read_journal(path))
+    header = records.pop(0)["header"] if records and "header" in records[0] else {}
+    config = RecoveryConfig(**header.get("config", {}))
+    c = RecoveryController(
+        config,
+        initial_version=header.get("initial_version", 0),
+        rules=rules or rules_class(header.get("rules", REAL)),
+        journal=journal,
+    )
+    for record in records:
+        if "event" in record and "error" not in record:
+            c.handle(decode_event(record["event"]))
+    return c
 
 
 def _report(
