@@ -68,8 +68,12 @@ def test_probe_failures_suspect_then_fail_at_threshold(driver: Driver) -> None:
     assert c.group_state("g1") == "active"
     driver.about(ev.ProbeFailed, "g1")
     driver.about(ev.ProbeFailed, "g1")
-    effects = driver.about(ev.ProbeFailed, "g1")  # threshold 3
-    assert effects == (WithdrawTraffic("g1", 1), RestartFromCheckpoint("g1", 2, 1, C1))
+    effects = driver.about(ev.ProbeFailed, "g1")  # threshold 3: it may still run, so stop it
+    assert effects == (
+        WithdrawTraffic("g1", 1),
+        StopGroup("g1", 1, "failed probes"),
+        RestartFromCheckpoint("g1", 2, 1, C1),
+    )
     assert c.group_state("g1") == "loading"
     assert c.incarnation("g1") == 2
 
@@ -326,13 +330,15 @@ def test_identity_sync_naming_a_dead_incarnation_does_not_admit_a_pending_one(
 
 def _history(d: Driver) -> None:
     """g1: incarnation 1 served, 2 failed its load, 3 is relaunching cold.
-    g2: incarnation 1 served, 2 died while loading, 3 is loading."""
+    g2: incarnation 1 served, 2 died while loading (a failed immediate restart: recovery
+    cools), 3 is relaunching cold."""
     d.about(ev.GroupFailed, "g1")
     d.send(ev.RestartLoadFailed, "g1", 2)
     d.about(ev.GroupFailed, "g2")
     d.send(ev.GroupFailed, "g2", 2)
     assert (d.c.group_state("g1"), d.inc("g1")) == ("relaunching", 3)
-    assert (d.c.group_state("g2"), d.inc("g2")) == ("loading", 3)
+    assert (d.c.group_state("g2"), d.inc("g2")) == ("relaunching", 3)
+    assert d.c.recovery_state("g2") == "cooldown"
 
 
 LATE_REPORTS = [
@@ -368,7 +374,8 @@ def test_identity_report_for_another_incarnation_is_refused_and_changes_nothing(
     assert driver.c.snapshot() == before
     # The current incarnations still report normally.
     assert driver.send(ev.Relaunched, "g1", 3) == ()
-    assert driver.send(ev.RestartLoaded, "g2", 3) == (RouteTraffic("g2", 3, 1),)
+    assert driver.send(ev.Relaunched, "g2", 3) == ()
+    assert driver.c.group_state("g2") == "pending_weights"
 
 
 @pytest.mark.parametrize("listed", [{"g1": 2}, {"g1": 1, "g2": 2}, {"g2": 7}])

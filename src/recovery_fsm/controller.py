@@ -113,7 +113,8 @@ class RecoveryController:
             try:
                 at = self._admit(event)
             except RecoveryError as err:
-                self._refused(event, err)
+                if not self._running:  # not from inside a sink, which is mid-record
+                    self._refused(event, err)
                 raise
             self._running = True
             try:
@@ -181,6 +182,8 @@ class RecoveryController:
         with self._lock:
             twin = copy.deepcopy(self)
         twin._journal = journal
+        twin._running = False  # a copy taken from inside a sink is idle
+        twin._journal_failures = twin._unjournaled = 0
         return twin
 
     def __getstate__(self) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Typed errors. Every error raised by the controller leaves it exactly as it was."""
+"""Typed errors. Every refusal leaves the controller exactly as it was; ``ControllerBroken``
+is the one error that says it is not."""
 
 from __future__ import annotations
 

@@ -9,7 +9,10 @@ Effects go to the adapter's ``execute`` one at a time, in order, on the link's o
 dispatcher thread, outside every lock: a slow load never stalls the trainer or the export
 writer, ``execute`` may read the controller or report back through ``send``, and an
 ``execute`` that raises is logged and kept in ``errors`` (with its effect, to retry) while
-the effects after it still run. Without ``execute``, ``send`` only returns the effects: then
+the effects after it still run. Effects run one at a time, in order, so ``execute`` must not
+block on slow work: it starts a load or a relaunch and returns, and the outcome is reported
+later through ``send`` (a routing effect queued behind a blocking load would wait for it).
+Without ``execute``, ``send`` only returns the effects: then
 every sender must run them itself, so give the link an ``execute`` whenever a component that
 ignores return values (the exporter's ``report``) sends through it.
 """
@@ -94,16 +97,25 @@ class ControllerLink:
             return len(self._queue) + self._busy
 
     def retry_failed(self) -> int:
-        """Queue again every effect whose ``execute`` raised; returns how many."""
+        """Run again every effect whose ``execute`` raised, in their order, after what is
+        queued; returns how many. By then later effects may have run: an adapter should
+        check a retried effect against ``controller.group(...)`` before acting on it."""
         with self._cv:
             failed, self._errors = self._errors, []
-            self._queue.extend(f.effect for f in failed)
-            self._cv.notify_all()
-            return len(failed)
+            if not self._closing:
+                self._queue.extend(f.effect for f in failed)
+                self._cv.notify_all()
+                return len(failed)
+        for f in failed:  # closed: no dispatcher any more
+            self._run(f.effect)
+        return len(failed)
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait until every queued effect ran; False on timeout."""
+        """Wait until every queued effect ran; False on timeout. From inside ``execute`` it
+        cannot wait for the queue behind it, and says whether that queue is empty."""
         with self._cv:
+            if threading.current_thread() is self._thread:
+                return not self._queue
             return self._cv.wait_for(lambda: not self._queue and not self._busy, timeout)
 
     def close(self, timeout: float | None = None) -> bool:
@@ -142,7 +154,7 @@ class ControllerLink:
         assert self._execute is not None
         try:
             self._execute(effect)
-        except Exception as err:
+        except BaseException as err:  # even SystemExit must not kill the dispatcher silently
             log.exception("executing %r failed; kept in link.errors", effect)
             with self._cv:
                 self._errors.append(EffectError(effect, err))

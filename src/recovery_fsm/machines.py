@@ -174,9 +174,6 @@ WAITING = LOADING | RELAUNCHING | {"awaiting_checkpoint"}
 GROUP_FINAL = _final(WorkerGroupMachine)
 # Checkpoint states whose files are complete on disk.
 COMMITTED = frozenset({"ready", "superseded", "deletable"})
-# Checkpoint states whose export is still being written.
-WRITING = sources(CheckpointMachine, "commit")
-CHECKPOINT_FINAL = _final(CheckpointMachine)
 
 MACHINES: dict[str, type[StateMachine]] = {
     "checkpoint": CheckpointMachine,

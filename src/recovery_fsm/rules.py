@@ -7,7 +7,8 @@ version v, and through leases:
 
 * C(v), one per exported checkpoint, is the only recovery source, and only while it is
   ``ready`` (committed, of the current version). A newer sync makes it ``superseded`` (or an
-  export still running ``abandoned``); it becomes ``deletable`` only when no lease holds it.
+  export still running ``abandoned``); it becomes ``deletable`` only when no lease holds it
+  and the user has not pinned it.
 * A worker group runs one process at a time; each start of it is an *incarnation* numbered
   by these rules. A start from C(v) holds a lease on C(v) until that incarnation's outcome is
   reported (or it is reported dead). Only a process holding the fleet's version serves.
@@ -15,32 +16,37 @@ version v, and through leases:
 
 One line per event (``on_<Event>`` below, in this order):
 
-* WeightsSynced(v, {g: i})  the fleet moves to v. C(v-1) stops being a recovery source. The
-  sync is *clean* if C(v-1) had committed (each cooling switch counts it; N in a row re-enable)
-  or *missed* if its export was started but had not committed (every switch cools, streak 0).
-  Each up group whose listed incarnation is its current one now holds v (a pending one is
-  admitted); a serving group not so listed is demoted. A group awaiting C(v-1) goes cold.
-* ExportStarted(v)          C(v) is being written (v current, one export at a time).
+* WeightsSynced(v, {g: i})  the fleet moves to v. The previous version's checkpoint stops
+  being a recovery source. The sync is *clean* if that checkpoint had committed (each cooling
+  switch counts it; N in a row re-enable) or *missed* if its export was started but had not
+  committed (every switch cools, streak 0). Each up group whose listed incarnation is its
+  current one now holds v (a pending one is admitted); a serving group not so listed is
+  demoted. A group awaiting the previous checkpoint goes cold.
+* ExportStarted(v)          C(v) is being written (v current, once per version).
 * ExportCommitted(v, path)  C(v) is ready and wakes every group awaiting it; a late commit of
-  an abandoned export is deleted at once unless pinned.
+  an abandoned export is deleted at once unless pinned. A path in use is refused.
 * ExportFailed / ExportCancelled(v)  C(v) is gone; groups awaiting it go cold.
-* CheckpointPinned(v)       the user keeps C(v): it is never deleted.
+* CheckpointPinned(v)       the user keeps C(v): it is never deleted (refused once a stale
+  export was asked to stop).
 * CheckpointDeleted(v)      the files are gone.
 * Shutdown                  every group stops; checkpoints stop being sources. Outcomes of
   starts still in flight are accepted afterwards, and drain the controller.
 * Tick                      deadlines: a wait for C(v) past its timeout goes cold; a load or a
   relaunch past its deadline is killed and counts as a failed restart.
 * GroupRegistered(g, v)     incarnation 1 of g, serving if v is the fleet's version.
-* ProbeFailed / ProbeOk     a serving group turns suspect; at the threshold it has failed.
-* GroupFailed(g, i)         incarnation i is dead: its lease (if loading) ends with it.
+* ProbeFailed / ProbeOk     a serving group turns suspect; at the threshold it has failed and
+  its process is stopped.
+* GroupFailed(g, i)         incarnation i is dead: its lease (if loading) ends with it, and a
+  death while loading is a failed immediate restart (recovery cools).
 * RestartLoaded(g, i)       its load finished: the lease is released (which may reap C); it
   serves if it loaded the fleet's version, else it waits for the next sync.
 * RestartLoadFailed(g, i)   the lease is released, recovery cools, the group has failed.
 * Relaunched / RelaunchFailed(g, i)  a cold start came up (waits for weights) or failed.
 
 A failed group (``_fail``) is retired once its restart budget is spent; otherwise it boots
-from C(v) if that is ready and its switch is enabled, waits if C(v) is being (or about to be)
-written, and goes cold in every other case.
+from C(v) if that is ready and its switch is enabled, waits if C(v) is being written (or
+about to be: a sync announced v and ``export_every_sync`` says its export follows), and goes
+cold in every other case.
 
 Every event is checked completely before anything changes (the ``_require_*`` helpers, which
 raise a typed ``RecoveryError``); only then do machines move. The hosting code
@@ -158,10 +164,6 @@ class _Checkpoint:
             self._machine = CheckpointMachine(model=self.record, start_value=self.record.state)
         return self._machine
 
-    @property
-    def built(self) -> StateMachine | None:
-        return self._machine
-
     def __deepcopy__(self, memo: dict[int, object]) -> _Checkpoint:
         return _Checkpoint(copy.deepcopy(self.record, memo))
 
@@ -211,6 +213,7 @@ class Rules:
     def __init__(self, config: RecoveryConfig, initial_version: int) -> None:
         self.config = config
         self.fleet = Fleet(initial_version)
+        self.initial_version = initial_version
         self.closed = False
         self.checkpoints: dict[int, _Checkpoint] = {}
         self.finished: dict[int, str] = {}  # versions whose checkpoint reached a final state
@@ -317,6 +320,12 @@ class Rules:
         self.transitions.append((f"checkpoint:{e.version}", "create", "", "exporting"))
 
     def on_ExportCommitted(self, e: ev.ExportCommitted) -> None:
+        for other in self.checkpoints.values():
+            if other.record.path == e.path:
+                raise EventNotAllowed(
+                    f"ExportCommitted({e.version}) at {e.path}, which checkpoint "
+                    f"{other.record.version} still occupies"
+                )
         ck = self._require_checkpoint(e, e.version, "commit")
 
         ck.record.path = e.path
@@ -342,9 +351,8 @@ class Rules:
                 self._relaunch(g)
 
     def on_CheckpointPinned(self, e: ev.CheckpointPinned) -> None:
-        ck = self._require_checkpoint(
-            e, e.version, states={"exporting", "ready", "superseded", "abandoned"}
-        )
+        # An abandoned export was asked to stop (unless already pinned): too late to keep it.
+        ck = self._require_checkpoint(e, e.version, states={"exporting", "ready", "superseded"})
         ck.record.pinned = True
 
     def on_CheckpointDeleted(self, e: ev.CheckpointDeleted) -> None:
@@ -360,7 +368,7 @@ class Rules:
             r = g.record
             if r.state in GROUP_FINAL:
                 continue
-            has_process = r.state in UP or (r.name, r.incarnation) in self.starts
+            has_process = r.state in UP | LOADING | RELAUNCHING
             self._fire_group(g, "stop")
             if has_process:
                 self._emit(fx.StopGroup(r.name, r.incarnation, "shutdown"))
@@ -377,12 +385,10 @@ class Rules:
             if r.state == "awaiting_checkpoint" and waited >= c.await_checkpoint_timeout_s:
                 self._relaunch(g)
             elif r.state in LOADING and waited >= c.load_timeout_s:
-                self._emit(fx.StopGroup(r.name, r.incarnation, "load deadline"))
                 self._cool(g)
-                self._fail(g)  # the lease stays with the killed start until it reports
+                self._fail(g, kill="load deadline")  # its lease waits for the killed start
             elif r.state in RELAUNCHING and waited >= c.relaunch_timeout_s:
-                self._emit(fx.StopGroup(r.name, r.incarnation, "relaunch deadline"))
-                self._fail(g)
+                self._fail(g, kill="relaunch deadline")
 
     # -- the health manager and the runtime, about one incarnation -----------------------------
 
@@ -416,7 +422,7 @@ class Rules:
         r = g.record
         r.probe_failures += 1
         if r.probe_failures >= self.config.suspect_threshold:
-            self._fail(g)
+            self._fail(g, kill="failed probes")  # it may still run: make sure it is gone
         elif r.state == "active":
             self._fire_group(g, "probe_failed")
 
@@ -432,6 +438,8 @@ class Rules:
         g = self._current(e, _FAILABLE)
         if g is None:
             return
+        if g.record.state in LOADING:
+            self._cool(g)  # it died booting from the checkpoint: a failed immediate restart
         self._end_start(g)  # the process that read the checkpoint is gone, and its lease
         self._fail(g)
 
@@ -469,10 +477,13 @@ class Rules:
 
     # -- recovery rules ----------------------------------------------------------------------
 
-    def _fail(self, g: _Group) -> None:
-        """The group is down: choose retire, immediate restart, wait, or cold restart."""
+    def _fail(self, g: _Group, kill: str | None = None) -> None:
+        """The group is down (``kill``: the controller decided so, and its process must be
+        stopped first): choose retire, immediate restart, wait, or cold restart."""
         r = g.record
         self._fire_group(g, "fail")
+        if kill is not None:
+            self._emit(fx.StopGroup(r.name, r.incarnation, kill))
         r.version = None
         if r.restarts >= self.config.restart_budget:
             self._fire_group(g, "retire")
@@ -488,6 +499,7 @@ class Rules:
         elif (current is not None and current.record.state == "exporting") or (
             current is None
             and self.config.export_every_sync
+            and self.fleet.version != self.initial_version  # no sync announced it yet
             and self.fleet.version not in self.finished
         ):
             self._fire_group(g, "await_checkpoint")

@@ -49,7 +49,7 @@ class LeaseOnSuperseded(Rules):
     """Restarts a failed group from the newest checkpoint on disk when the current one is
     not ready, though that checkpoint holds an older version."""
 
-    def _fail(self, g: _Group) -> None:
+    def _fail(self, g: _Group, kill: str | None = None) -> None:
         current = self.checkpoints.get(self.fleet.version)
         older = [
             ck
@@ -62,10 +62,12 @@ class LeaseOnSuperseded(Rules):
             or not older
             or g.record.restarts >= self.config.restart_budget
         ):
-            super()._fail(g)
+            super()._fail(g, kill)
             return
         ck = older[-1]
         self._fire_group(g, "fail")
+        if kill is not None:
+            self._emit(fx.StopGroup(g.record.name, g.record.incarnation, kill))
         g.record.probe_failures, g.record.version = 0, None
         g.record.restarts += 1
         r = self._next_incarnation(g)

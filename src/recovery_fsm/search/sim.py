@@ -209,7 +209,8 @@ class Sim:
     def _pinnable(self) -> list[int]:
         w = self.world
         on_disk = {v for p, v in w.disk.items() if p not in w.deleting}
-        return sorted((set(w.exports) | on_disk) - w.pinned)
+        running = {v for v, x in w.exports.items() if not x.cancel_requested}
+        return sorted((running | on_disk) - w.pinned)
 
     def event_for(self, a: Action) -> ev.Event:
         w, now = self.world, self.now

@@ -80,6 +80,7 @@ class World:
     disk: dict[str, int] = attrs.Factory(dict)  # committed directories: path -> version
     deleting: dict[str, int] = attrs.Factory(dict)  # deletes asked for, not done yet
     gone: dict[int, frozenset[str]] = attrs.Factory(dict)  # ended checkpoints: allowed states
+    must_stop: tuple[str, int] | None = None  # a process the current event must stop
 
     # -- what happened -------------------------------------------------------------------
 
@@ -87,9 +88,13 @@ class World:
         """Apply one accepted event and the effects it produced; return what went wrong."""
         out: list[str] = []
         self.now = event.at
+        self.must_stop = None
         self._event(event, out)
         for effect in effects:
             self._effect(effect, out)
+        if self.must_stop is not None:
+            g, i = self.must_stop
+            out.append(f"{g}#{i} failed {self.config.suspect_threshold} probes; nobody stopped it")
         if isinstance(event, ev.Tick):
             self._deadlines(out)
         return out
@@ -129,8 +134,7 @@ class World:
             p = self.procs[e.group]
             p.probe_failures += 1
             if p.probe_failures >= self.config.suspect_threshold:
-                # The health manager gives up on it; the runtime kills it before a restart.
-                self._dies(e.group, e.incarnation)
+                self.must_stop = (e.group, e.incarnation)  # the controller must stop it
         elif isinstance(e, ev.ProbeOk):
             self.procs[e.group].probe_failures = 0
         elif isinstance(e, ev.GroupFailed):
@@ -149,6 +153,8 @@ class World:
         self.loads.pop((group, incarnation), None)
         self.relaunches.discard((group, incarnation))
         p = self.procs[group]
+        if p.incarnation == incarnation and p.status == "loading":
+            self.recovery[group].cool()  # it died booting from the checkpoint
         if p.incarnation == incarnation and p.status not in {"retired", "stopped"}:
             p.status, p.holds, p.probe_failures, p.since = "down", None, 0, self.now
 
@@ -290,6 +296,12 @@ class World:
             if not self.closed:
                 out.append(f"group {f.group} stopped before shutdown")
             p.status = "stopped"
+            return
+        if f.reason == "failed probes":
+            if p.status != "up" or self.must_stop != (f.group, f.incarnation):
+                out.append(f"{f.group}#{f.incarnation} stopped for failed probes while {p.status}")
+            self.must_stop = None
+            p.status, p.holds, p.probe_failures, p.since = "down", None, 0, self.now
             return
         # A start past its deadline: killed; it counts as a failed restart. Its loader keeps
         # its lease until it reports, so the world keeps it reading until then.
