@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from recovery_fsm import ControllerBroken, MalformedEvent, RecoveryConfig, RecoveryController, Rules
+from recovery_fsm import (
+    ControllerBroken,
+    EventNotAllowed,
+    MalformedEvent,
+    RecoveryConfig,
+    RecoveryController,
+    Rules,
+)
 from recovery_fsm import events as ev
 from recovery_fsm.journal import JsonlJournal
 from recovery_fsm.replay import rebuild, replay
@@ -129,12 +136,28 @@ def test_rebuild_from_the_journal_goes_on_after_a_broken_controller(tmp_path: Pa
         c.handle(ev.ProbeFailed("g1", 1, at=2.0))
         c.handle(ev.ProbeOk("g1", 1, at=3.0))
         c.handle(ev.ProbeFailed("g1", 1, at=4.0))
+        with pytest.raises(EventNotAllowed):
+            c.handle(ev.GroupRegistered("g1", 0, at=4.5))  # a real refusal: skipped
         with pytest.raises(ControllerBroken):
             c.handle(ev.ProbeOk("g1", 1, at=5.0))
         with pytest.raises(ControllerBroken):
-            c.handle(ev.Tick(at=6.0))
-    fresh = rebuild(path, rules=Rules)  # the bug fixed; its event and the refusal skipped
+            c.handle(ev.ProbeFailed("g1", 1, at=6.0))  # really happened: refused unread
+    # Rebuilt with the bug fixed: the breaking ProbeOk and the ProbeFailed after it count.
+    fresh = rebuild(path, rules=Rules)
     assert fresh.broken is None and fresh.group_state("g1") == "suspect"
     assert fresh.snapshot()["groups"]["g1"]["probe_failures"] == 1
     assert fresh.handle(ev.ProbeOk("g1", 1, at=7.0)) == ()
     assert fresh.group_state("g1") == "active"
+    # With the bug still there, rebuilding stops at the same event.
+    with pytest.raises(ControllerBroken):
+        rebuild(path, rules=BreaksOnSecondProbeOk)
+
+
+def test_rebuild_refuses_a_journal_with_a_gap(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    path.write_text(
+        '{"step": 0, "header": {"config": {}, "initial_version": 0}}\n'
+        '{"step": 2, "lost": 1, "event": {"kind": "Tick", "at": 2.0}, "effects": []}\n'
+    )
+    with pytest.raises(MalformedEvent, match="1 records were lost"):
+        rebuild(path)

@@ -127,7 +127,7 @@ class RecoveryController:
                 # A bug, an interrupt, or a refusal after the checks passed: the event may be
                 # half applied, so stop for good.
                 broken = self._break(event, err)
-                self._refused(event, err)
+                self._refused(event, err, broke=True)
                 if not isinstance(err, Exception):
                     raise  # KeyboardInterrupt and the like go on; the controller stays stopped
                 raise broken from err
@@ -137,9 +137,13 @@ class RecoveryController:
             self._write_journal(self._record(event, effects=effects))
             return effects
 
-    def _refused(self, event: Any, err: BaseException) -> None:
+    def _refused(self, event: Any, err: BaseException, *, broke: bool = False) -> None:
+        """Journal an event that did not apply (``broke``: it stopped the controller)."""
         self._steps += 1
-        self._write_journal(self._record(event, error=err))
+        record = self._record(event, error=err)
+        if broke:
+            record["broke"] = True
+        self._write_journal(record)
 
     def _admit(self, event: Any) -> float:
         """Checks that need no rule: the controller works, it is an event, time is sane."""

@@ -129,11 +129,12 @@ def rebuild(
     rules: type[Rules] | None = None,
     journal: JournalSink | None = None,
 ) -> RecoveryController:
-    """A fresh controller holding the state a journal recorded: its header's config and
-    rules, then every accepted event in order (refused ones, and the event that stopped a
-    broken controller, changed nothing and are skipped). This is how to go on after
-    ``ControllerBroken``: rebuild (with fixed ``rules`` if the bug is known), look at
-    ``outstanding()``, and carry on with it."""
+    """A fresh controller holding the state a journal recorded, fed every event that really
+    happened: the accepted ones, the one that stopped a broken controller, and those a broken
+    controller refused unread. Ordinary refusals changed nothing and are skipped, as is any
+    event the fresh controller refuses. This is how to go on after ``ControllerBroken``:
+    rebuild with fixed ``rules``, look at ``outstanding()``, carry on. A journal with a gap
+    (records a failing sink lost) is refused: the state it would give is not the real one."""
     records = list(read_journal(path))
     header = records.pop(0)["header"] if records and "header" in records[0] else {}
     config = RecoveryConfig(**header.get("config", {}))
@@ -144,8 +145,24 @@ def rebuild(
         journal=journal,
     )
     for record in records:
-        if "event" in record and "error" not in record:
+        if "lost" in record:
+            raise MalformedEvent(
+                f"{path}: {record['lost']} records were lost before step {record.get('step')}; "
+                "the journal cannot rebuild the controller"
+            )
+        error = record.get("error", {}).get("type")
+        if (
+            "event" not in record
+            or (error not in {None, "ControllerBroken"}
+            and not record.get("broke"))
+        ):
+            continue
+        try:
             c.handle(decode_event(record["event"]))
+        except ControllerBroken:
+            raise
+        except RecoveryError:
+            continue  # refused now, so it changes nothing now either
     return c
 
 
