@@ -57,7 +57,7 @@ def test_keys_identify_states_up_to_order_and_clocks() -> None:
     assert set(a.controller.leases) == set(b.controller.leases) == {"g0#2", "g1#2"}
     assert a.key() == b.key()
     # A different situation: g0 waits for an export instead of loading.
-    c = _walk(Sim(), ["fail(g0)"])
+    c = _walk(Sim(), ["sync", "fail(g0)"])
     assert c.controller.group_state("g0") == "awaiting_checkpoint" and c.key() != a.key()
 
 

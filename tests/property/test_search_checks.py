@@ -79,14 +79,14 @@ def test_a_group_left_waiting_is_a_finding() -> None:
     """The world restates the deadline: a wait past it is flagged at the tick that should
     have ended it; a commit that wakes nobody is flagged when it lands."""
     sim = Sim(rules=ForgetsWaitingGroups)
-    assert _walk(sim, ["fail(g0)"]) == []
+    assert _walk(sim, ["sync", "fail(g0)"]) == []
     found = _walk(sim, ["tick(10.0)"])
     assert found and "g0 waits for a checkpoint 10 s, past its 10 s" in found[0]
     woken = Sim(rules=ForgetsWaitingGroups)
-    found = _walk(woken, ["fail(g0)", "export", "commit(0)"])
-    assert found and "still waits though C(0) is committed" in found[0]
+    found = _walk(woken, ["sync", "fail(g0)", "export", "commit(1)"])
+    assert found and "still waits though C(1) is committed" in found[0]
     real = Sim()
-    assert _walk(real, ["fail(g0)", "tick(9.0)"]) == []
+    assert _walk(real, ["sync", "fail(g0)", "tick(9.0)"]) == []
     assert real.controller.group_state("g0") == "awaiting_checkpoint"
     assert _walk(real, ["tick(1.0)"]) == [] and real.settle() == []
 
