@@ -66,10 +66,11 @@ class Mutant:
     op: str
     before: str  # the original line, without newline
     after: str  # the mutated line
+    where: str = ""  # the method it is in: finds the line again after rules.py moves
 
     @property
     def label(self) -> str:
-        return f"L{self.line} {self.op}"
+        return f"L{self.line} {self.where} {self.op}"
 
     def diff(self) -> str:
         return f"-{self.before}\n+{self.after}"
@@ -207,8 +208,12 @@ def enumerate_mutants(source: str) -> list[Mutant]:
                 continue
         except SyntaxError:
             continue  # e.g. ``for x not in``: not a mutant at all
-        out.append(Mutant(row, op, lines[row - 1], after))
+        out.append(Mutant(row, op, lines[row - 1], after, _method_at(methods, row)))
     return out
+
+
+def _method_at(methods: list[ast.FunctionDef], line: int) -> str:
+    return next((f.name for f in methods if f.lineno <= line <= (f.end_lineno or 0)), "")
 
 
 def sample(mutants: list[Mutant], n: int, seed: int) -> list[Mutant]:
@@ -304,20 +309,25 @@ def run_all(
 
 def relocate(rows: list[dict[str, object]], source: str) -> list[Mutant]:
     """An earlier run's survivors, found again by their line's text (line numbers move as
-    rules.py is edited): the occurrence nearest the old line; a line that is gone is skipped."""
+    rules.py is edited): in the same method if known, the occurrence nearest the old line; a
+    line that is gone is skipped."""
     lines = source.splitlines()
+    methods = _rule_lines(ast.parse(source))[1]
     out: list[Mutant] = []
     for row in rows:
         if row["status"] != "survived":
             continue
         before, after = str(row["before"]), str(row["after"])
         old = int(str(row["line"]))
+        where = str(row.get("where", ""))
         at = [i + 1 for i, ln in enumerate(lines) if ln == before]
+        at = [i for i in at if _method_at(methods, i) == where] if where else at
         if not at:
-            print(f"skipped, line gone: L{old} {before.strip()}")
+            print(f"skipped, line gone: L{old} {where} {before.strip()}")
             continue
         line = min(at, key=lambda i: abs(i - old))
-        out.append(Mutant(line, f"{row['op']} (was L{old})", before, after))
+        where = _method_at(methods, line)
+        out.append(Mutant(line, f"{row['op']} (was L{old})", before, after, where))
     return out
 
 
@@ -328,8 +338,9 @@ def _known(source: str) -> list[tuple[Mutant, str]]:
     start = next(i for i, ln in enumerate(lines) if "def on_RestartLoadFailed" in ln)
     cool = next(i for i in range(start, len(lines)) if lines[i].strip() == "self._cool(g)")
     indent = lines[cool][: len(lines[cool]) - len(lines[cool].lstrip())]
-    noop = Mutant(cool + 1, "no-op", lines[cool], lines[cool] + "  # no-op")
-    drop = Mutant(cool + 1, "delete statement", lines[cool], indent + "pass")
+    where = "on_RestartLoadFailed"
+    noop = Mutant(cool + 1, "no-op", lines[cool], lines[cool] + "  # no-op", where)
+    drop = Mutant(cool + 1, "delete statement", lines[cool], indent + "pass", where)
     return [(noop, "survived"), (drop, "killed")]
 
 
