@@ -1,13 +1,20 @@
-"""Exporter cost beside its limits, on the same model in one run (read the ratios).
+"""Exporter and recovery-load cost beside their limits, on the same model in one run (ratios).
 
     .venv/bin/python benchmarks/bench_export.py [--sizes small,large] [--repeat 6] [--dir DIR]
-    .venv/bin/python benchmarks/bench_export.py --hash-niceness 0   # the A/B of the niceness
 
-For each model: the trainer's stall per export next to a plain in-memory copy of the state
-dict (``clone`` of every tensor, the stall's limit); the write of a long-lived exporter (as in
-training) next to a fresh exporter's first export, ``save_pretrained(safe_serialization=True)``
-to the same disk with and without an fsync of its files, and a raw sequential write plus fsync
-of the same bytes (the disk's limit), plain and with writeback started after each tensor.
+Write side, every candidate once per repeat in a rotated order: the long-lived exporter (as in
+training: xxh3-128, writeback by ``sync_file_range``), the same with sha256, with writeback by
+``POSIX_FADV_DONTNEED`` and with none before the fsync; a fresh exporter's first export;
+``save_pretrained`` with and without an fsync of its files; a raw sequential write + fsync of
+the same bytes (the disk's limit), plain and with writeback started per tensor. The trainer's
+stall per export is printed beside a plain clone of every tensor (the stall's limit).
+
+Load side: right after each exporter variant commits, a verified ``load_model`` of that
+checkpoint into a fresh model (what a restart on this host pays: the writeback modes differ
+in what they leave in the page cache). Then, from the page cache (the files just read): an
+unverified ``safetensors.torch.load_file`` of the same files next to the verified
+``load_checkpoint`` (xxh3-128 and sha256 checkpoints), and an unverified ``from_pretrained``
+next to ``load_model``. Last, each hash's throughput on one thread over the same tensors.
 """
 
 from __future__ import annotations
@@ -25,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.utils import logging as hf_logging
 
-import recovery_fsm.export.exporter as exporter_module
-from recovery_fsm.export import AsyncHFExporter
-from recovery_fsm.export.safetensors_io import raw_bytes, tensor_sha256
+from recovery_fsm.export import AsyncHFExporter, load_checkpoint, load_model
+from recovery_fsm.export.safetensors_io import HASHES, raw_bytes, tensor_digest
 from recovery_fsm.export.store import fsync_dir
 
 MODELS = {
@@ -76,7 +83,7 @@ def _raw_write(path: Path, tensors: list[torch.Tensor], early_writeback: bool = 
 def _model(name: str) -> tuple[Any, LlamaConfig, dict[str, torch.Tensor], list[torch.Tensor]]:
     torch.manual_seed(0)
     cfg = LlamaConfig(num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True,
-                      **MODELS[name])  # fmt: skip
+                      architectures=["LlamaForCausalLM"], **MODELS[name])  # fmt: skip
     model = AutoModelForCausalLM.from_config(cfg).eval()
     sd = model.state_dict()
     unique = list({t.data_ptr(): t for t in sd.values()}.values())
@@ -99,6 +106,8 @@ class Candidate:
     after: Callable[[], None] = lambda: None  # untimed clean-up
     times: list[float] = field(default_factory=list)
     clones: list[float] = field(default_factory=list)  # a clone timed just before each run
+    # Untimed by run_rotated: measured in ``after`` (e.g. loading what the run wrote).
+    loads: list[float] = field(default_factory=list)
 
 
 def ratio(num: list[float], den: list[float]) -> str:
@@ -144,16 +153,33 @@ def bench(name: str, work: Path, repeat: int) -> None:
     def clone() -> list[torch.Tensor]:
         return [t.clone() for t in unique]  # each stored tensor once, as the exporter stages
 
-    # The long-lived exporter, as in training, past its first exports.
-    ours = AsyncHFExporter(work / "ours", max_shard_size="2GB", write_threads=2)
     versions = iter(range(1, 10**6))
-    for _ in range(2):
-        ours.export(next(versions), sd, config=cfg).result()
-        _clear(work / "ours")
+    kept: dict[str, AsyncHFExporter] = {}
+
+    def long_lived(label: str, **options: Any) -> Candidate:
+        """An exporter past its first exports, as in training; after each commit, the
+        verified load of that checkpoint into a fresh model is timed (not in the write)."""
+        root = work / label.replace(" ", "-")
+        ex = kept[label] = AsyncHFExporter(root, max_shard_size="2GB", **options)
+        for _ in range(2):
+            ex.export(next(versions), sd, config=cfg).result()
+            _clear(root)
+        c = Candidate(label, lambda: export_until_committed(ex, next(versions), sd, cfg,
+                                                            stalls["warm"] if not options
+                                                            else []))  # fmt: skip
+
+        def after() -> None:
+            (committed,) = root.iterdir()
+            c.loads.append(_timed(lambda: load_model(committed)))
+            _clear(root)
+
+        c.after = after
+        return c
+
     fresh: list[AsyncHFExporter] = []
 
     def fresh_before() -> None:
-        fresh.append(AsyncHFExporter(work / "fresh", max_shard_size="2GB", write_threads=2))
+        fresh.append(AsyncHFExporter(work / "fresh", max_shard_size="2GB"))
 
     def fresh_after() -> None:
         fresh.pop().close()
@@ -164,13 +190,15 @@ def bench(name: str, work: Path, repeat: int) -> None:
         if fsync:
             _fsync_tree(work / "hf")
 
-    exporter = Candidate(
-        "exporter, export() to committed + fsync",
-        lambda: export_until_committed(ours, next(versions), sd, cfg, stalls["warm"]),
-        after=lambda: _clear(work / "ours"),
-    )
+    exporter = long_lived("exporter")
+    by_hash = long_lived("exporter, sha256", hash_name="sha256")
+    dontneed = long_lived("exporter, writeback dontneed", writeback="dontneed")
+    no_early = long_lived("exporter, no early writeback", writeback="off")
     candidates = [
         exporter,
+        by_hash,
+        dontneed,
+        no_early,
         Candidate(
             "a fresh exporter's first export",
             lambda: export_until_committed(fresh[-1], 1, sd, cfg, stalls["cold"]),
@@ -200,30 +228,82 @@ def bench(name: str, work: Path, repeat: int) -> None:
     ]
     try:
         run_rotated(candidates, repeat, clone)
+        page_cache = load_from_page_cache(kept, sd, cfg, repeat, versions)
     finally:
-        ours.close()
-    fresh_first = candidates[1]
+        for ex in kept.values():
+            ex.close()
+    fresh_first = candidates[4]
     raw = next(c for c in candidates if c.label.startswith("raw sequential"))
+    hf_fsync = next(c for c in candidates if c.label == "save_pretrained + fsync")
     med = statistics.median
     clones = [t for c in candidates for t in c.clones]
-    hash_s = _timed(lambda: [tensor_sha256(t) for t in unique])
 
     print(f"  stall  {'clone of the state dict (limit)':<40} {med(clones):7.3f} s")
     print(f"         {'export(), reused staging buffers':<40} {med(stalls['warm']):7.3f} s   "
           f"{ratio(stalls['warm'], exporter.clones)} clone")  # fmt: skip
     print(f"         {'export(), fresh exporter (allocates)':<40} {med(stalls['cold']):7.3f} s   "
           f"{ratio(stalls['cold'], fresh_first.clones)} clone")  # fmt: skip
-    print(f"  write  {exporter.label:<40} {med(exporter.times):7.3f} s "
-          f"{total / med(exporter.times) / 1e6:6.0f} MB/s")  # fmt: skip
-    for c in candidates[1:]:
+    print(f"  write  {'':<40} {'median':>9} {'MB/s':>6}   raw+fsync        save_pretrained+fsync")
+    for c in candidates:
         print(f"         {c.label:<40} {med(c.times):7.3f} s "
-              f"{total / med(c.times) / 1e6:6.0f} MB/s   "
-              f"exporter takes {ratio(exporter.times, c.times)} this")  # fmt: skip
+              f"{total / med(c.times) / 1e6:6.0f}   {ratio(c.times, raw.times):<16} "
+              f"{ratio(c.times, hf_fsync.times)}")  # fmt: skip
+    print("  load of the just-committed checkpoint into a fresh model (load_model, verified)")
+    for c in (exporter, by_hash, dontneed, no_early):
+        print(f"         after {c.label:<34} {med(c.loads):7.3f} s   "
+              f"{ratio(c.loads, exporter.loads)} the default's")  # fmt: skip
+    print("  load from the page cache (the same files, read just before)")
+    base = page_cache["safetensors load_file (unverified)"]
+    for label, times in page_cache.items():
+        print(f"         {label:<40} {med(times):7.3f} s   {ratio(times, base)} load_file")
+    fp = page_cache["from_pretrained (unverified)"]
+    print(f"         load_model takes {ratio(page_cache['load_model (verified)'], fp)} "
+          f"from_pretrained")  # fmt: skip
     print("  (ratios: median and range over repeats of the ratio within one repeat)")
-    for c in (fresh_first, candidates[3]):
-        print(f"  {c.label} takes {ratio(c.times, raw.times)} the raw write")
-    print(f"  sha256 on one thread: {total / hash_s / 1e6:.0f} MB/s (the exporter hashes each "
-          f"byte twice, on separate threads)")  # fmt: skip
+    for algo in HASHES:
+        tensor_digest(unique[0], algo)
+        hash_s = _timed(lambda a=algo: [tensor_digest(t, a) for t in unique])  # type: ignore[misc]
+        print(f"  hash {algo:<10} one thread: {total / hash_s / 1e6:7.0f} MB/s")
+
+
+def load_from_page_cache(
+    kept: dict[str, AsyncHFExporter],
+    sd: dict[str, torch.Tensor],
+    cfg: Any,
+    repeat: int,
+    versions: Any,
+) -> dict[str, list[float]]:
+    """Verified and unverified loads of the same committed files, all from the page cache
+    (each file is read once first), rotated per repeat like the writes."""
+    paths = {}
+    for label in ("exporter", "exporter, sha256"):
+        paths[label] = kept[label].export(next(versions), sd, config=cfg).result()
+    xxh, sha = paths["exporter"], paths["exporter, sha256"]
+    shards = sorted(xxh.glob("*.safetensors"))
+
+    def read_all() -> None:
+        for p in (xxh, sha):
+            for f in p.iterdir():
+                f.read_bytes()
+
+    loads: dict[str, Callable[[], Any]] = {
+        "safetensors load_file (unverified)": lambda: [load_file(str(f)) for f in shards],
+        "load_checkpoint (verified, xxh3-128)": lambda: load_checkpoint(xxh),
+        "load_checkpoint (verified, sha256)": lambda: load_checkpoint(sha),
+        "from_pretrained (unverified)": lambda: AutoModelForCausalLM.from_pretrained(str(xxh)),
+        "load_model (verified)": lambda: load_model(xxh),
+    }
+    times: dict[str, list[float]] = {label: [] for label in loads}
+    order = list(loads)
+    for r in range(repeat):
+        for label in order[r % len(order) :] + order[: r % len(order)]:
+            read_all()
+            gc.collect()
+            t0 = time.perf_counter()
+            result = loads[label]()
+            times[label].append(time.perf_counter() - t0)
+            del result
+    return times
 
 
 def _clear(root: Path) -> None:
@@ -236,21 +316,12 @@ def main() -> None:
     parser.add_argument("--sizes", default="small,large")
     parser.add_argument("--repeat", type=int, default=6)
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
-    parser.add_argument(
-        "--hash-niceness",
-        type=int,
-        default=None,
-        help="niceness added to the tensor-hash threads (the exporter's default: "
-        f"{exporter_module.HASH_NICENESS}); 0 for the A/B comparison",
-    )
     a = parser.parse_args()
-    if a.hash_niceness is not None:
-        exporter_module.HASH_NICENESS = a.hash_niceness
     hf_logging.disable_progress_bar()
     work = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="recovery-fsm-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"writing under {work}; torch threads: {torch.get_num_threads()}; "
-          f"tensor-hash niceness +{exporter_module.HASH_NICENESS}")  # fmt: skip
+          f"cores: {os.cpu_count()}")  # fmt: skip
     try:
         for name in a.sizes.split(","):
             bench(name, work, a.repeat)

@@ -151,10 +151,8 @@ def rebuild(
                 "the journal cannot rebuild the controller"
             )
         error = record.get("error", {}).get("type")
-        if (
-            "event" not in record
-            or (error not in {None, "ControllerBroken"}
-            and not record.get("broke"))
+        if "event" not in record or (
+            error not in {None, "ControllerBroken"} and not record.get("broke")
         ):
             continue
         try:

@@ -1,11 +1,14 @@
-"""Asynchronous Hugging Face export and loading of recovery checkpoints (extra ``[torch]``)."""
+"""Asynchronous Hugging Face export and verified loading of recovery checkpoints (extra
+``[torch]``)."""
 
-from .exporter import AsyncHFExporter, ExportHandle, FailedReport, parse_size
-from .loader import LoadedCheckpoint, digest_of, load_checkpoint, load_model
+from .exporter import UNSET, AsyncHFExporter, ExportHandle, FailedReport, parse_size
+from .hf_layout import hub_state_dict
+from .loader import LoadedCheckpoint, digest_of, load_checkpoint, load_model, model_digest
 from .store import MANIFEST, CheckpointStore, ScanReport
 
 __all__ = [
     "MANIFEST",
+    "UNSET",
     "AsyncHFExporter",
     "CheckpointStore",
     "ExportHandle",
@@ -13,7 +16,9 @@ __all__ = [
     "LoadedCheckpoint",
     "ScanReport",
     "digest_of",
+    "hub_state_dict",
     "load_checkpoint",
     "load_model",
+    "model_digest",
     "parse_size",
 ]

@@ -3,18 +3,19 @@
 The trainer's thread pays only for staging: one copy of every tensor into host buffers that
 are reused across exports. Everything else (sharding, dtype conversion, hashing, writing,
 fsync, the atomic rename) runs in the background, and every outcome is reported as an event.
+What lands on disk is what ``save_pretrained`` would write for the model (see
+``hf_layout``), so vLLM, SGLang and transformers load it as they load a hub checkpoint.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
+import enum
 import json
 import logging
 import os
 import shutil
-import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -26,8 +27,19 @@ import torch
 
 from .. import events as ev
 from ..errors import BadExportInput, ExportCancelledError
-from .safetensors_io import DTYPE_NAMES, nbytes, tensor_sha256, weights_digest, write_file
-from .store import FORMAT, MANIFEST, CheckpointStore, file_sha256, fsync_dir
+from . import hf_layout
+from .safetensors_io import (
+    DEFAULT_HASH,
+    DTYPE_NAMES,
+    HASHES,
+    Writeback,
+    best_writeback,
+    nbytes,
+    new_hasher,
+    weights_digest,
+    write_file,
+)
+from .store import FORMAT, MANIFEST, CheckpointStore, file_digest, fsync_dir
 
 # report(EventClass, **fields): ControllerLink.send has this shape.
 Report = Callable[..., object]
@@ -37,6 +49,15 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 _log = logging.getLogger(__name__)
+
+
+class _Unset(enum.Enum):
+    UNSET = "unset"
+
+
+# "The exporter's own setting", for the per-export options (None means something else).
+UNSET = _Unset.UNSET
+WRITEBACKS = ("sync_file_range", "dontneed", "off")
 
 
 def parse_size(size: int | str) -> int:
@@ -102,6 +123,8 @@ class _Job:
     generation_config_json: str | None
     tokenizer: Any
     handle: ExportHandle
+    dtype: torch.dtype | None
+    max_shard_size: int
     # Set when one shard writer failed, so the others stop at their next chunk.
     abort: threading.Event = attrs.field(factory=threading.Event)
 
@@ -111,8 +134,11 @@ class AsyncHFExporter:
 
     ``report`` receives every outcome as ``report(EventClass, **fields)``: ExportStarted from
     the caller's thread, then ExportCommitted, ExportFailed or ExportCancelled from the writer.
-    ``write_threads`` shards are written at once, and as many threads (niced +5 on Linux)
-    hash tensors for the weights digest beside them.
+    ``write_threads`` shards are written at once; each writer hashes the bytes it writes
+    (``hash_name``, xxh3-128 by default), so every byte is read from memory once.
+    ``writeback`` says how the disk write is started before the final fsync (Linux):
+    ``sync_file_range`` (the default there) keeps the written pages cached for a restart on
+    this host, ``dontneed`` drops them, ``off`` leaves everything to the fsync.
 
     If ``report`` raises on ExportStarted, ``export`` raises it and that export never runs.
     If it raises on the writer's outcome, the export's own outcome stands (the handle resolves
@@ -132,15 +158,22 @@ class AsyncHFExporter:
         dtype: torch.dtype | None = None,
         write_threads: int = 2,
         fsync: bool = True,
+        hash_name: str = DEFAULT_HASH,
+        writeback: Writeback | None = None,
         opener: Callable[[str | os.PathLike[str]], BinaryIO] | None = None,
     ) -> None:
-        if dtype is not None and (dtype not in DTYPE_NAMES or not dtype.is_floating_point):
-            raise BadExportInput(f"dtype must be a floating dtype safetensors holds, got {dtype}")
+        _check_dtype(dtype)
         if type(write_threads) is not int or write_threads < 1:
             raise BadExportInput(f"write_threads must be an int >= 1, got {write_threads!r}")
-        self.store = root if isinstance(root, CheckpointStore) else CheckpointStore(root)
+        if hash_name not in HASHES:
+            raise BadExportInput(f"hash_name must be one of {sorted(HASHES)}, got {hash_name!r}")
+        if writeback is not None and writeback not in WRITEBACKS:
+            raise BadExportInput(f"writeback must be one of {WRITEBACKS}, got {writeback!r}")
         self.max_shard_size = parse_size(max_shard_size)
+        self.store = root if isinstance(root, CheckpointStore) else CheckpointStore(root)
         self.dtype = dtype
+        self.hash_name = hash_name
+        self.writeback: Writeback = writeback or best_writeback()
         self._report = report
         self._fsync = fsync
         self._opener = opener  # tests inject writer faults here
@@ -160,9 +193,6 @@ class AsyncHFExporter:
         # export ever writes, and a cancelled job's buffers are free before they are reused.
         self._orchestrator = ThreadPoolExecutor(1, thread_name_prefix="hf-export")
         self._writers = ThreadPoolExecutor(write_threads, thread_name_prefix="hf-export-shard")
-        self._hashers = ThreadPoolExecutor(
-            write_threads, thread_name_prefix="hf-export-hash", initializer=_lower_priority
-        )
 
     # -- the trainer's side ----------------------------------------------------------------
 
@@ -175,23 +205,108 @@ class AsyncHFExporter:
         generation_config: Any = None,
         tokenizer: Any = None,
         pinned: bool = False,
+        dtype: torch.dtype | _Unset | None = UNSET,
+        max_shard_size: int | str | None = None,
     ) -> ExportHandle:
         """Stage ``weights`` (the caller may change them as soon as this returns) and write
-        them in the background as ``<root>/step-<version>``."""
+        them in the background as ``<root>/step-<version>``.
+
+        For weights held outside a transformers model (gathered from FSDP or Megatron
+        shards). What this path cannot know, the caller must give: tensor names already in
+        the hub layout; for tied tensors (sharing storage) the first name given is kept, so
+        give the canonical one first (the embedding before ``lm_head``); ``architectures``
+        comes from ``config``, which is refused without it. ``dtype`` in ``config.json`` is
+        set to the dtype of the first floating tensor on disk. ``dtype`` and
+        ``max_shard_size`` override the exporter's for this export (``dtype=None`` keeps
+        each tensor's own)."""
+        export_dtype = self._dtype_for(dtype)
+        shard_size = self.max_shard_size if max_shard_size is None else parse_size(max_shard_size)
+
+        def configs(tensors: list[tuple[str, torch.Tensor]]) -> tuple[str | None, str | None]:
+            on_disk = export_dtype or hf_layout.first_floating_dtype(tensors)
+            cfg = (
+                None
+                if config is None
+                else hf_layout.config_json(config, dtype=on_disk, architectures=None)
+            )
+            return cfg, _to_json(generation_config, "generation_config")
+
+        return self._submit(
+            version, lambda: weights, configs, tokenizer, pinned, export_dtype, shard_size
+        )
+
+    def export_model(
+        self,
+        version: int,
+        model: Any,
+        *,
+        tokenizer: Any = None,
+        generation_config: Any = None,
+        pinned: bool = False,
+        dtype: torch.dtype | _Unset | None = UNSET,
+        max_shard_size: int | str | None = None,
+    ) -> ExportHandle:
+        """Export a transformers model as ``save_pretrained`` would write it: tensors under
+        their hub names (transformers' load-time conversions reverted), each tied group
+        once under the model's canonical name, ``config.json`` with ``architectures`` and the
+        ``dtype`` on disk, and ``generation_config.json`` (``generation_config``, else the
+        model's own). The model and its config are not changed. For a model sharded by
+        FSDP or tensor parallelism, gather the full weights and use ``export``."""
+        export_dtype = self._dtype_for(dtype)
+        shard_size = self.max_shard_size if max_shard_size is None else parse_size(max_shard_size)
+        if not callable(getattr(model, "state_dict", None)) or not hasattr(model, "config"):
+            raise BadExportInput(
+                f"export_model needs a transformers model, got {type(model).__name__}"
+            )
+
+        def configs(_tensors: list[tuple[str, torch.Tensor]]) -> tuple[str | None, str | None]:
+            cfg = hf_layout.config_json(
+                model.config,
+                dtype=export_dtype or hf_layout.model_dtype(model),
+                architectures=[hf_layout.architecture_of(model)],
+            )
+            return cfg, hf_layout.generation_config_json(model, generation_config)
+
+        return self._submit(
+            version,
+            lambda: hf_layout.hub_state_dict(model),
+            configs,
+            tokenizer,
+            pinned,
+            export_dtype,
+            shard_size,
+        )
+
+    def _dtype_for(self, dtype: torch.dtype | _Unset | None) -> torch.dtype | None:
+        if dtype is UNSET:
+            return self.dtype
+        _check_dtype(dtype)
+        return dtype
+
+    def _submit(
+        self,
+        version: int,
+        weights_of: Callable[[], Weights],
+        configs: Callable[[list[tuple[str, torch.Tensor]]], tuple[str | None, str | None]],
+        tokenizer: Any,
+        pinned: bool,
+        dtype: torch.dtype | None,
+        max_shard_size: int,
+    ) -> ExportHandle:
         if type(version) is not int or version < 0:
             raise BadExportInput(f"version must be an int >= 0, got {version!r}")
         with self._lock:
             self._check_order(version)  # before staging, so a refusal costs no copy
         with self._staging_slot() as buffers:
             try:
-                tensors, aliases = _stage(weights, buffers)
-                config_json = _to_json(config, "config")
-                gen_json = _to_json(generation_config, "generation_config")
+                tensors, aliases = _stage(weights_of(), buffers)
+                config_json, gen_json = configs(tensors)
             except BaseException:
                 self._give_back(buffers)
                 raise
             handle = ExportHandle(version, Future(), threading.Event())
-            job = _Job(version, tensors, aliases, buffers, config_json, gen_json, tokenizer, handle)
+            job = _Job(version, tensors, aliases, buffers, config_json, gen_json, tokenizer,
+                       handle, dtype, max_shard_size)  # fmt: skip
             with self._lock:
                 try:
                     self._check_order(version)  # again: another thread may have exported
@@ -273,7 +388,6 @@ class AsyncHFExporter:
             job.handle.cancel()
         self._orchestrator.shutdown(wait=True)
         self._writers.shutdown(wait=True)
-        self._hashers.shutdown(wait=True)
 
     @property
     def report_errors(self) -> tuple[FailedReport, ...]:
@@ -334,23 +448,19 @@ class AsyncHFExporter:
             assert result is not None
             job.handle.future.set_result(result)
 
-    def _hash_tensor(self, job: _Job, t: torch.Tensor) -> str:
-        return tensor_sha256(t, lambda: self._check(job))
-
     def _check(self, job: _Job) -> None:
         if job.handle._cancel.is_set() or job.abort.is_set():
             raise ExportCancelledError(f"export of version {job.version} was cancelled")
 
     def _write(self, job: _Job, tmp: Path) -> dict[str, Any]:
-        tensors = [(n, _convert(t, self.dtype)) for n, t in job.tensors]
-        shards = _plan_shards(tensors, self.max_shard_size)
+        tensors = [(n, _convert(t, job.dtype)) for n, t in job.tensors]
+        shards = _plan_shards(tensors, job.max_shard_size)
         names = (
             [SINGLE_FILE]
             if len(shards) == 1
             else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
         )
-        futures: list[Future[Any]] = []  # (size, sha256) of each shard file
-        hashes: dict[str, Future[Any]] = {}  # sha256 of each tensor
+        futures: list[Future[Any]] = []  # the WrittenFile of each shard
         try:
             for name, shard in zip(names, shards, strict=True):
                 futures.append(
@@ -358,49 +468,49 @@ class AsyncHFExporter:
                         write_file,
                         tmp / name,
                         shard,
+                        hash_name=self.hash_name,
                         check=lambda: self._check(job),
                         opener=self._opener,
                         fsync=self._fsync,
+                        writeback=self.writeback,
                     )
                 )
-            # Per-tensor hashes (for the weights digest) run beside the file writes, on
-            # threads niced below them: when the two compete for a core, the writers get
-            # about three times the share, so the disk is kept busy first.
-            for tname, t in tensors:
-                hashes[tname] = self._hashers.submit(self._hash_tensor, job, t)
         except BaseException:
             # A pool refused work: stop what was already submitted before the caller
             # removes the directory and reuses the buffers those tasks still read.
             job.abort.set()
-            wait([*futures, *hashes.values()])
+            wait(futures)
             raise
-        everything = [*futures, *hashes.values()]
-        _, pending = wait(everything, return_when=FIRST_EXCEPTION)
+        _, pending = wait(futures, return_when=FIRST_EXCEPTION)
         if pending:
-            # One task failed: stop the others and let them finish before the caller
+            # One writer failed: stop the others and let them finish before the caller
             # removes the directory they write into.
             job.abort.set()
             wait(pending)
-        errors = [e for f in everything if (e := f.exception()) is not None]
+        errors = [e for f in futures if (e := f.exception()) is not None]
         if errors:
             # The root cause, not the cancellations it caused in the other writers.
             raise next((e for e in errors if not isinstance(e, ExportCancelledError)), errors[0])
 
-        files: dict[str, dict[str, Any]] = {}
+        shard_meta: dict[str, dict[str, Any]] = {}
         tensor_meta: dict[str, dict[str, Any]] = {}
         for name, shard, future in zip(names, shards, futures, strict=True):
-            size, sha = future.result()
-            files[name] = {"size": size, "sha256": sha}
+            written = future.result()
+            shard_meta[name] = {"size": written.size, "header_digest": written.header_digest}
             for tname, t in shard:
                 tensor_meta[tname] = {
                     "dtype": DTYPE_NAMES[t.dtype],
                     "shape": list(t.shape),
                     "file": name,
-                    "sha256": hashes[tname].result(),
+                    "digest": written.tensor_digests[tname],
                 }
+        files: dict[str, dict[str, Any]] = {}
         if len(shards) > 1:
             index = {
-                "metadata": {"total_size": sum(nbytes(t) for _, t in tensors)},
+                "metadata": {
+                    "total_parameters": sum(t.numel() for _, t in tensors),
+                    "total_size": sum(nbytes(t) for _, t in tensors),
+                },
                 "weight_map": {t: meta["file"] for t, meta in sorted(tensor_meta.items())},
             }
             self._write_small(tmp, INDEX_FILE, json.dumps(index, indent=2) + "\n", files)
@@ -416,13 +526,15 @@ class AsyncHFExporter:
                 self._adopt(tmp / extra, files)
 
         digest = weights_digest(
-            [(n, m["dtype"], m["shape"], m["sha256"]) for n, m in tensor_meta.items()]
+            [(n, m["dtype"], m["shape"], m["digest"]) for n, m in tensor_meta.items()]
         )
         manifest = {
             "format": FORMAT,
             "version": job.version,
+            "hash": self.hash_name,
             "weights_digest": digest,
-            "dtype": str(self.dtype).removeprefix("torch.") if self.dtype else None,
+            "dtype": str(job.dtype).removeprefix("torch.") if job.dtype else None,
+            "shards": shard_meta,
             "files": files,
             "tensors": tensor_meta,
             "aliases": job.aliases,
@@ -445,7 +557,9 @@ class AsyncHFExporter:
             if self._fsync:
                 os.fsync(f.fileno())
         if files is not None:
-            files[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            h = new_hasher(self.hash_name)
+            h.update(data)
+            files[name] = {"size": len(data), "digest": h.hexdigest()}
 
     def _adopt(self, path: Path, files: dict[str, dict[str, Any]]) -> None:
         """Record (and fsync) a file another library wrote into the checkpoint."""
@@ -454,7 +568,10 @@ class AsyncHFExporter:
         if self._fsync:
             with path.open("rb") as f:
                 os.fsync(f.fileno())
-        files[path.name] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
+        files[path.name] = {
+            "size": path.stat().st_size,
+            "digest": file_digest(path, self.hash_name),
+        }
 
     def _send(self, cls: type[ev.Event], **fields: Any) -> None:
         if self._report is not None:
@@ -488,20 +605,12 @@ class AsyncHFExporter:
             self._free_buffers.append(buffers)
 
 
-HASH_NICENESS = 5
-
-
-def _lower_priority() -> None:
-    """Lower the calling thread's CPU priority (Linux gives each thread its own niceness;
-    elsewhere setpriority would renice the whole process, so it is left alone). A failure
-    only costs the priority: raising here would break the pool for good."""
-    if sys.platform == "linux":
-        try:
-            tid = threading.get_native_id()
-            niceness = os.getpriority(os.PRIO_PROCESS, tid) + HASH_NICENESS
-            os.setpriority(os.PRIO_PROCESS, tid, niceness)
-        except Exception:
-            pass
+def _check_dtype(dtype: Any) -> None:
+    ok = isinstance(dtype, torch.dtype) and dtype in DTYPE_NAMES and dtype.is_floating_point
+    if dtype is not None and not ok:
+        raise BadExportInput(
+            f"dtype must be None or a floating torch dtype safetensors holds, got {dtype!r}"
+        )
 
 
 def _stage(
@@ -608,7 +717,7 @@ def _to_json(obj: Any, what: str) -> str | None:
         return json.dumps(dict(obj), indent=2, sort_keys=True) + "\n"
     to_json = getattr(obj, "to_json_string", None)
     if callable(to_json):
-        return str(to_json())
+        return str(to_json(use_diff=True))
     raise BadExportInput(
         f"{what} must be a transformers config or a dict, got {type(obj).__name__}"
     )

@@ -1,20 +1,23 @@
-"""The restart side: load a committed checkpoint, verify it, and prove which weights it holds."""
+"""The restart side: load a committed checkpoint, checking every byte as it is read, and prove
+which weights a loaded model holds.
+
+There is no unverified recovery load: a group that boots from a checkpoint must serve the
+exported weights or fail its restart with CorruptCheckpoint.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import torch
-from safetensors.torch import load_file
 
 from ..errors import CorruptCheckpoint
-from .safetensors_io import DTYPE_NAMES, tensor_sha256, weights_digest
-from .store import CheckpointStore
-
-Verify = Literal["none", "sizes", "full"]
+from . import hf_layout
+from .safetensors_io import DEFAULT_HASH, DTYPE_NAMES, tensor_digest, weights_digest
+from .store import CheckpointStore, verify_contents
 
 
 @attrs.frozen
@@ -26,46 +29,76 @@ class LoadedCheckpoint:
     digest: str
 
 
-def digest_of(state_dict: dict[str, torch.Tensor], aliases: dict[str, str] | None = None) -> str:
+def digest_of(
+    state_dict: dict[str, torch.Tensor],
+    aliases: dict[str, str] | None = None,
+    *,
+    hash_name: str = DEFAULT_HASH,
+) -> str:
     """The weights digest of tensors in memory (aliases of tied weights are left out, as the
-    exporter wrote them once)."""
+    exporter wrote them once). ``hash_name`` is the manifest's ``hash``."""
     entries = []
     skip = set(aliases or {})
     for name, t in state_dict.items():
         if name in skip:
             continue
-        digest = tensor_sha256(t.detach().contiguous().cpu())
+        digest = tensor_digest(t.detach().contiguous().cpu(), hash_name)
         entries.append((name, DTYPE_NAMES[t.dtype], list(t.shape), digest))
     return weights_digest(entries)
 
 
-def load_checkpoint(
-    path: str | os.PathLike[str], *, verify: Verify = "sizes", device: str = "cpu"
-) -> LoadedCheckpoint:
-    """Read every shard into one state dict (tied aliases restored) and check its digest."""
+def model_digest(model: Any, *, hash_name: str = DEFAULT_HASH) -> str:
+    """The weights digest of a transformers model as ``export_model`` would write it (hub
+    names, tied weights once): what a restarted engine reports to prove its version."""
+    return digest_of(hf_layout.hub_state_dict(model), hash_name=hash_name)
+
+
+def load_checkpoint(path: str | os.PathLike[str], *, device: str = "cpu") -> LoadedCheckpoint:
+    """Read every file once into memory, checking each byte against the manifest as it
+    arrives; tied aliases are restored. Raises CorruptCheckpoint on any difference."""
     p = Path(path)
-    store = CheckpointStore(p.parent)
-    manifest = (
-        store.verify(p, full=verify == "full") if verify != "none" else (store.read_manifest(p))
-    )
-    state: dict[str, torch.Tensor] = {}
-    for name in sorted({m["file"] for m in manifest["tensors"].values()}):
-        state.update(load_file(str(p / name), device=device))
-    if set(state) != set(manifest["tensors"]):
-        raise CorruptCheckpoint(f"{p}: tensors on disk differ from the manifest")
-    digest = digest_of(state)
+    manifest = CheckpointStore(p.parent).verify(p)  # presence and sizes first: cheap
+    try:
+        state = verify_contents(p, manifest, keep=True)
+        entries = [
+            (name, meta["dtype"], meta["shape"], meta["digest"])
+            for name, meta in manifest["tensors"].items()
+        ]
+    except (KeyError, TypeError, ValueError) as err:
+        raise CorruptCheckpoint(f"{p}: the manifest is malformed ({err!r})") from err
+    # Every tensor matched its digest as it was read: the weights digest follows from them.
+    digest = weights_digest(entries)
     if digest != manifest["weights_digest"]:
         raise CorruptCheckpoint(f"{p}: weights digest {digest[:12]} != manifest's")
-    for alias, target in manifest.get("aliases", {}).items():
+    if device != "cpu":
+        state = {k: v.to(device) for k, v in state.items()}
+    for alias, target in manifest["aliases"].items():
         state[alias] = state[target]
     return LoadedCheckpoint(int(manifest["version"]), p, state, manifest, digest)
 
 
-def load_model(path: str | os.PathLike[str], *, verify: Verify = "sizes", **kwargs: Any) -> Any:
-    """A transformers model from a committed checkpoint (verified first)."""
-    from transformers import AutoModelForCausalLM
+def load_model(path: str | os.PathLike[str], **kwargs: Any) -> Any:
+    """A transformers model built from a committed checkpoint, every byte checked as it was
+    read (``load_checkpoint``) and handed to ``from_pretrained`` without a second read.
+    ``kwargs`` go to ``from_pretrained`` (e.g. ``device_map``); the model class is the
+    config's first architecture."""
+    import transformers
 
     p = Path(path)
-    if verify != "none":
-        CheckpointStore(p.parent).verify(p, full=verify == "full")
-    return AutoModelForCausalLM.from_pretrained(str(p), **kwargs)
+    loaded = load_checkpoint(p)
+    config = transformers.AutoConfig.from_pretrained(str(p))
+    cls = _model_class(config)
+    model = cls.from_pretrained(None, config=config, state_dict=loaded.state_dict, **kwargs)
+    if (p / "generation_config.json").is_file():
+        model.generation_config = transformers.GenerationConfig.from_pretrained(str(p))
+    return model
+
+
+def _model_class(config: Any) -> Any:
+    import transformers
+
+    for name in getattr(config, "architectures", None) or ():
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    return transformers.AutoModelForCausalLM._model_mapping[type(config)]

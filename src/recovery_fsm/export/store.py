@@ -3,11 +3,15 @@
 Only a directory named ``step-<version>`` holding a valid manifest is a checkpoint. It gets
 there by an atomic rename of a fully written and fsynced ``.tmp-step-<version>-<hex>``
 sibling, so a crash can leave temporary directories behind but never a torn checkpoint.
+
+The manifest (``recovery_fsm/2``) names its content hash and lists ``shards`` (safetensors
+files: size and the digest of their header), ``tensors`` (dtype, shape, file and the digest
+of their bytes), the other ``files`` (size and digest) and the ``weights_digest`` over all
+tensors. Every byte of a checkpoint is covered by exactly one digest.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -18,11 +22,13 @@ from typing import Any
 import attrs
 
 from ..errors import CorruptCheckpoint, UnsafePath
+from .safetensors_io import READ_CHUNK, new_hasher, read_verified
 
 MANIFEST = "recovery_manifest.json"
-FORMAT = "recovery_fsm/1"
-_FINAL = re.compile(r"^step-(\d+)$")
-_TEMP = re.compile(r"^\.tmp-step-(\d+)-[0-9a-f]+$")
+FORMAT = "recovery_fsm/2"
+# Matched with fullmatch: a name with a trailing newline is not a checkpoint.
+_FINAL = re.compile(r"step-(\d+)")
+_TEMP = re.compile(r"\.tmp-step-(\d+)-[0-9a-f]+")
 
 
 @attrs.frozen
@@ -41,10 +47,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
+def file_digest(path: Path, hash_name: str) -> str:
+    h = new_hasher(hash_name)
     with path.open("rb") as f:
-        while chunk := f.read(16 << 20):
+        while chunk := f.read(READ_CHUNK):
             h.update(chunk)
     return h.hexdigest()
 
@@ -74,28 +80,42 @@ class CheckpointStore:
         except (OSError, ValueError) as err:
             raise CorruptCheckpoint(f"{p}/{MANIFEST} is unreadable: {err}") from err
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise CorruptCheckpoint(f"{p}/{MANIFEST} is not a {FORMAT} manifest")
+            found = data.get("format") if isinstance(data, dict) else None
+            raise CorruptCheckpoint(f"{p}/{MANIFEST} is not a {FORMAT} manifest (found {found})")
+        for key in ("version", "hash", "weights_digest", "files", "shards", "tensors", "aliases"):
+            if key not in data:
+                raise CorruptCheckpoint(f"{p}/{MANIFEST} has no {key!r}")
         return data
 
     def verify(self, path: str | os.PathLike[str], *, full: bool = False) -> dict[str, Any]:
-        """Check every file against the manifest: sizes always, sha256 when ``full``."""
+        """Check the checkpoint against its manifest: every file's presence and size, and
+        with ``full`` every byte against its digest (one read of the whole checkpoint).
+        Without ``full`` a changed byte that keeps the size is not found; every recovery
+        load (``load_checkpoint``, ``load_model``) checks all bytes as it reads them."""
         p = Path(path)
         manifest = self.read_manifest(p)
-        for name, meta in manifest["files"].items():
-            f = p / name
-            if not f.is_file():
-                raise CorruptCheckpoint(f"{p}: {name} listed in the manifest is missing")
-            size = f.stat().st_size
-            if size != meta["size"]:
-                raise CorruptCheckpoint(
-                    f"{p}: {name} has {size} bytes, manifest says {meta['size']}"
-                )
-            if full and file_sha256(f) != meta["sha256"]:
-                raise CorruptCheckpoint(f"{p}: {name} does not match its sha256")
+        try:
+            for name, meta in {**manifest["files"], **manifest["shards"]}.items():
+                f = p / name
+                if not f.is_file():
+                    raise CorruptCheckpoint(f"{p}: {name} listed in the manifest is missing")
+                size = f.stat().st_size
+                if size != meta["size"]:
+                    raise CorruptCheckpoint(
+                        f"{p}: {name} has {size} bytes, manifest says {meta['size']}"
+                    )
+            if full:
+                verify_contents(p, manifest, keep=False)
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
+            raise CorruptCheckpoint(f"{p}/{MANIFEST} is malformed ({err!r})") from err
         return manifest
 
-    def scan(self) -> ScanReport:
-        """Start-up: adopt committed checkpoints, remove orphaned temporaries, report the rest."""
+    def scan(self, *, full: bool = False) -> ScanReport:
+        """Start-up: adopt committed checkpoints, remove orphaned temporaries, report the rest.
+
+        A checkpoint is adopted on ``verify(full=full)``: by default its manifest, file set
+        and sizes, not its bytes (that would read every checkpoint at start-up). The load
+        that boots a group from it checks every byte, and refuses a corrupted one."""
         committed: dict[int, Path] = {}
         removed: list[Path] = []
         invalid: list[tuple[Path, str]] = []
@@ -103,12 +123,12 @@ class CheckpointStore:
         for child in sorted(self.root.iterdir()):
             if child.is_symlink():
                 ignored.append(child)
-            elif _TEMP.match(child.name) and child.is_dir():
+            elif _TEMP.fullmatch(child.name) and child.is_dir():
                 shutil.rmtree(child)
                 removed.append(child)
-            elif (m := _FINAL.match(child.name)) and child.is_dir():
+            elif (m := _FINAL.fullmatch(child.name)) and child.is_dir():
                 try:
-                    manifest = self.verify(child)
+                    manifest = self.verify(child, full=full)
                 except CorruptCheckpoint as err:
                     invalid.append((child, str(err)))
                     continue
@@ -130,9 +150,12 @@ class CheckpointStore:
         p = raw if raw.is_absolute() else self.root / raw
         if ".." in p.parts:
             raise UnsafePath(f"refusing {path}: '..' is not allowed")
-        if p.parent != self.root:
+        # The root was resolved: so is the parent given (a symlink to the root is the root),
+        # but never the entry itself, which must not be a symlink.
+        if p.parent.resolve() != self.root:
             raise UnsafePath(f"refusing {path}: only direct children of {self.root} are deleted")
-        if not (_FINAL.match(p.name) or _TEMP.match(p.name)):
+        p = self.root / p.name
+        if not (_FINAL.fullmatch(p.name) or _TEMP.fullmatch(p.name)):
             raise UnsafePath(
                 f"refusing {path}: the name must be step-<version> or a .tmp-step- directory"
             )
@@ -146,7 +169,7 @@ class CheckpointStore:
 
     def delete(self, path: str | os.PathLike[str]) -> None:
         p = self.check_deletable(path)
-        if _TEMP.match(p.name):
+        if _TEMP.fullmatch(p.name):
             shutil.rmtree(p)
             return
         # Rename first, so a crash mid-delete leaves a temporary that the next scan removes,
@@ -155,3 +178,30 @@ class CheckpointStore:
         os.rename(p, doomed)
         fsync_dir(self.root)
         shutil.rmtree(doomed)
+
+
+def verify_contents(path: Path, manifest: dict[str, Any], *, keep: bool) -> dict[str, Any]:
+    """Read every file of a checkpoint once, checking each byte against the manifest; with
+    ``keep`` return the tensors (views of one buffer per shard)."""
+    hash_name = manifest["hash"]
+    for name, meta in manifest["files"].items():
+        if file_digest(path / name, hash_name) != meta["digest"]:
+            raise CorruptCheckpoint(f"{path}: {name} does not match its digest")
+    by_file: dict[str, dict[str, Any]] = {name: {} for name in manifest["shards"]}
+    for tname, meta in manifest["tensors"].items():
+        if meta.get("file") not in by_file:
+            raise CorruptCheckpoint(f"{path}: tensor {tname!r} is in no listed shard")
+        by_file[meta["file"]][tname] = meta
+    tensors: dict[str, Any] = {}
+    for name, meta in manifest["shards"].items():
+        tensors.update(
+            read_verified(
+                path / name,
+                size=meta["size"],
+                header_digest=meta["header_digest"],
+                tensors=by_file[name],
+                hash_name=hash_name,
+                keep=keep,
+            )
+        )
+    return tensors
