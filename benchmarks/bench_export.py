@@ -106,6 +106,7 @@ class Candidate:
     after: Callable[[], None] = lambda: None  # untimed clean-up
     times: list[float] = field(default_factory=list)
     clones: list[float] = field(default_factory=list)  # a clone timed just before each run
+    cpu: list[float] = field(default_factory=list)  # process CPU seconds per wall second
     # Untimed by run_rotated: measured in ``after`` (e.g. loading what the run wrote).
     loads: list[float] = field(default_factory=list)
 
@@ -138,7 +139,11 @@ def run_rotated(candidates: list[Candidate], repeat: int, clone: Callable[[], An
             c.clones.append(_timed(clone))
             gc.collect()
             c.before()
+            cpu = time.process_time()
             c.times.append(_timed(c.run))
+            # CPU seconds of this process (all its threads) per second of the run: near the
+            # number of cores, the run is CPU-bound; far below, it waits for the disk.
+            c.cpu.append((time.process_time() - cpu) / c.times[-1])
             c.after()
 
 
@@ -243,11 +248,14 @@ def bench(name: str, work: Path, repeat: int) -> None:
           f"{ratio(stalls['warm'], exporter.clones)} clone")  # fmt: skip
     print(f"         {'export(), fresh exporter (allocates)':<40} {med(stalls['cold']):7.3f} s   "
           f"{ratio(stalls['cold'], fresh_first.clones)} clone")  # fmt: skip
-    print(f"  write  {'':<40} {'median':>9} {'MB/s':>6}   raw+fsync        save_pretrained+fsync")
+    print(f"  write  {'':<40} {'median':>9} {'MB/s':>6} {'CPU':>5}   "
+          f"raw+fsync         save_pretrained+fsync")  # fmt: skip
     for c in candidates:
         print(f"         {c.label:<40} {med(c.times):7.3f} s "
-              f"{total / med(c.times) / 1e6:6.0f}   {ratio(c.times, raw.times):<16} "
-              f"{ratio(c.times, hf_fsync.times)}")  # fmt: skip
+              f"{total / med(c.times) / 1e6:6.0f} {med(c.cpu):5.2f}   "
+              f"{ratio(c.times, raw.times):<17} {ratio(c.times, hf_fsync.times)}")  # fmt: skip
+    print("  (CPU: this process's CPU seconds per second of the run, all threads; "
+          f"{os.cpu_count()} cores)")  # fmt: skip
     print("  load of the just-committed checkpoint into a fresh model (load_model, verified)")
     for c in (exporter, by_hash, dontneed, no_early):
         print(f"         after {c.label:<34} {med(c.loads):7.3f} s   "
@@ -287,7 +295,12 @@ def load_from_page_cache(
                 f.read_bytes()
 
     loads: dict[str, Callable[[], Any]] = {
+        # Maps the files: no byte is read until a tensor is used.
         "safetensors load_file (unverified)": lambda: [load_file(str(f)) for f in shards],
+        # ...and every byte copied into process memory, as an engine does moving weights.
+        "load_file, then each tensor copied": lambda: [
+            {k: v.clone() for k, v in load_file(str(f)).items()} for f in shards
+        ],
         "load_checkpoint (verified, xxh3-128)": lambda: load_checkpoint(xxh),
         "load_checkpoint (verified, sha256)": lambda: load_checkpoint(sha),
         "from_pretrained (unverified)": lambda: AutoModelForCausalLM.from_pretrained(str(xxh)),
