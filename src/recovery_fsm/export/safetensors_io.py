@@ -22,6 +22,7 @@ import os
 import struct
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO, Literal, Protocol
 
 import attrs
@@ -51,6 +52,8 @@ DTYPES: dict[str, torch.dtype] = {name: dtype for dtype, name in DTYPE_NAMES.ite
 CHUNK = 64 << 20
 # Reads are smaller: a chunk read from the page cache is hashed while it is still in cache.
 READ_CHUNK = 8 << 20
+# Threads that hash the tensors of one shard at once on a verified load.
+HASH_THREADS = min(4, os.cpu_count() or 1)
 
 
 class Hasher(Protocol):
@@ -308,12 +311,20 @@ def read_verified(
         if h.hexdigest() != header_digest:
             raise CorruptCheckpoint(f"{path}: the safetensors header does not match its digest")
         slots = _layout(path, bytes(view[8 : 8 + n]), tensors, size - 8 - n)
-        for slot in slots:
+
+        def digest(slot: _Slot) -> str:
             h = new_hasher(hash_name)
             for start in range(8 + n + slot.begin, 8 + n + slot.end, READ_CHUNK):
                 h.update(view[start : min(start + READ_CHUNK, 8 + n + slot.end)])
-            if h.hexdigest() != tensors[slot.name]["digest"]:
-                raise CorruptCheckpoint(f"{path}: tensor {slot.name!r} does not match its digest")
+            return h.hexdigest()
+
+        # The hash releases the GIL: tensors are hashed on a few threads at once.
+        with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="verify") as pool:
+            for slot, found in zip(slots, pool.map(digest, slots), strict=True):
+                if found != tensors[slot.name]["digest"]:
+                    raise CorruptCheckpoint(
+                        f"{path}: tensor {slot.name!r} does not match its digest"
+                    )
     except BaseException:
         view.release()
         mapped.close()
