@@ -69,7 +69,7 @@ HASHES: dict[str, Callable[[], Hasher]] = {
     "sha256": hashlib.sha256,
 }
 try:  # optional: only the benchmark asks for it
-    import blake3
+    import blake3  # type: ignore[import-not-found, unused-ignore]
 
     HASHES["blake3"] = blake3.blake3
 except ImportError:
