@@ -1,0 +1,144 @@
+"""What a rollout engine must offer the runtime, and a reference engine that offers it.
+
+The runtime talks to every engine process through six calls and reads nothing else:
+
+- ``ping()``: answers while the process is healthy (a probe; it runs beside a busy load).
+- ``watch()``: never returns; it fails the moment the process dies, so death is noticed
+  without polling.
+- ``boot_from_checkpoint(path)``: load a committed recovery checkpoint, checking every
+  byte, and report the version and the digest of the weights now held.
+- ``boot_empty()``: start without real weights (the cold path; a weight sync follows).
+- ``update_weights(version, weights)``: take a pushed version and report the digest held.
+- ``shutdown()``: release what it holds.
+
+How the serving engines map onto it (see the README): vLLM boots empty with
+``load_format="dummy"`` and takes a checkpoint or pushed weights through its weight-update
+calls (``collective_rpc`` on a worker extension that loads the tensors with
+``model.load_weights``); SGLang boots from a path and reloads with
+``update_weights_from_disk`` or takes tensors with ``update_weights_from_tensor``; its
+``/health_generate`` is the probe. The digest is computed over the tensors the engine was
+given (the checkpoint's, or the pushed ones), in the hub layout.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+import attrs
+import ray
+import torch
+
+
+@attrs.frozen
+class WeightsHeld:
+    """What an engine process reports after a boot or an update."""
+
+    version: int | None  # None: booted without weights
+    digest: str | None
+
+
+@attrs.frozen
+class Generation:
+    """Tokens an engine produced, tagged with the weights and process that produced them."""
+
+    tokens: list[int]
+    version: int | None
+    group: str
+    incarnation: int
+
+
+class RolloutEngine(Protocol):
+    def ping(self) -> bool: ...
+    def watch(self) -> None: ...
+    def boot_from_checkpoint(self, path: str) -> WeightsHeld: ...
+    def boot_empty(self) -> WeightsHeld: ...
+    def update_weights(self, version: int, weights: dict[str, torch.Tensor]) -> WeightsHeld: ...
+    def shutdown(self) -> None: ...
+
+
+class ReferenceEngine:
+    """A transformers causal LM in one Ray actor: boots through the verified load path,
+    takes weight updates pushed through the object store, generates greedily.
+
+    Made an actor by the runtime with ``concurrency_groups`` so that ``ping`` and ``watch``
+    run beside a load. Tests subclass it to misbehave (hang, die, corrupt)."""
+
+    def __init__(self, config: dict[str, Any], group: str, incarnation: int) -> None:
+        self.config = config
+        self.group = group
+        self.incarnation = incarnation
+        self.model: Any = None
+        self.held = WeightsHeld(None, None)
+        self._lock = threading.Lock()  # boots, updates and generation run one at a time
+        self._forever = threading.Event()
+
+    @ray.method(concurrency_group="health")
+    def ping(self) -> bool:
+        return True
+
+    @ray.method(concurrency_group="watch")
+    def watch(self) -> None:
+        self._forever.wait()
+
+    def boot_from_checkpoint(self, path: str) -> WeightsHeld:
+        from ..export import load_model, model_digest
+
+        with self._lock:
+            self.model = load_model(path).eval()  # every byte checked as it is read
+            # The digest of what the model now holds, recomputed: the runtime compares it
+            # with the manifest's before it routes any traffic here.
+            self.held = WeightsHeld(manifest_version(path), model_digest(self.model))
+            return self.held
+
+    def boot_empty(self) -> WeightsHeld:
+        import transformers
+
+        with self._lock:
+            config = transformers.AutoConfig.for_model(**self.config)
+            model = transformers.AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+            self.model = model.eval()
+            self.held = WeightsHeld(None, None)
+            return self.held
+
+    def update_weights(self, version: int, weights: dict[str, torch.Tensor]) -> WeightsHeld:
+        from ..export import model_digest
+
+        with self._lock:
+            if self.model is None:
+                raise RuntimeError("update_weights before a boot")
+            self.model.load_state_dict(weights, strict=True)
+            self.held = WeightsHeld(version, model_digest(self.model))
+            return self.held
+
+    def weights(self) -> WeightsHeld:
+        return self.held
+
+    def generate(self, prompt: list[int], max_new_tokens: int = 8) -> Generation:
+        with self._lock:
+            if self.model is None:
+                raise RuntimeError("generate before a boot")
+            ids = torch.tensor([prompt])
+            with torch.no_grad():
+                out = self.model.generate(
+                    ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0
+                )
+            return Generation(
+                out[0, len(prompt) :].tolist(), self.held.version, self.group, self.incarnation
+            )
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self.model = None
+            self.held = WeightsHeld(None, None)
+
+
+def manifest_version(path: str) -> int:
+    """The version a committed checkpoint holds, from its manifest (read, not trusted: the
+    load that follows checks the bytes)."""
+    from pathlib import Path
+
+    from ..export import CheckpointStore
+
+    p = Path(path)
+    return int(CheckpointStore(p.parent).read_manifest(p)["version"])
