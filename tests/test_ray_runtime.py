@@ -6,8 +6,10 @@ Each test's journal is replayed through the search's world model at the end.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -137,4 +139,174 @@ def test_a_hung_load_is_killed_at_its_deadline_and_restarted(tmp_path: Path) -> 
         step(model)
         assert rt.sync(model, 2)["g0"] == rt.controller.incarnation("g0")
         assert rt.generate("g0", [5, 6]).version == 2
+    assert_replays_clean(tmp_path)
+
+
+def test_a_group_killed_during_the_export_boots_when_it_commits(tmp_path: Path) -> None:
+    model = trainer()
+    release = threading.Event()
+
+    def gated(path: Any) -> Any:  # the export writes nothing until the test says so
+        release.wait(120)
+        return open(path, "xb")  # the exporter closes it
+
+    rt = runtime(tmp_path, exporter_options={"opener": gated})
+    try:
+        rt.start(model)
+        step(model)
+        rt.sync(model, 1)
+        assert rt.controller.checkpoint_state(1) == "exporting"
+        rt.kill("g0")
+        wait_for(lambda: rt.controller.group_state("g0") == "awaiting_checkpoint", what="wait")
+        time.sleep(1.0)  # it keeps waiting: nothing else will start it
+        assert rt.controller.group_state("g0") == "awaiting_checkpoint"
+        release.set()
+        wait_for(lambda: rt.controller.group_state("g0") == "active", what="boot on commit")
+        assert rt.statistics().recoveries == {"immediate": 1}
+        assert rt.generate("g0", [7]).version == 1
+    finally:
+        release.set()
+        rt.close()
+    assert_replays_clean(tmp_path)
+
+
+class SlowEngine(ReferenceEngine):
+    """Its second process takes a few seconds to load a checkpoint."""
+
+    def boot_from_checkpoint(self, path: str) -> Any:
+        if self.incarnation == 2:
+            time.sleep(4)
+        return super().boot_from_checkpoint(path)
+
+
+def test_a_checkpoint_in_use_outlives_its_sync_and_stale_weights_never_serve(
+    tmp_path: Path,
+) -> None:
+    model = trainer()
+    routed: list[Any] = []
+    with runtime(tmp_path, engine=SlowEngine, router=routed.append) as rt:
+        rt.start(model)
+        step(model)
+        rt.sync(model, 1)
+        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+        step_1 = Path(rt.controller.checkpoints()[1].path or "")
+        rt.kill("g0")
+        wait_for(lambda: rt.controller.group_state("g0") == "loading", what="loading v1")
+        step(model)
+        assert "g0" not in rt.sync(model, 2)  # a sync meanwhile, without g0
+        wait_for(lambda: rt.controller.checkpoint_state(2) == "ready", what="export of v2")
+        # Superseded, but its load still reads it: not deleted.
+        assert rt.controller.checkpoint_state(1) == "superseded" and step_1.is_dir()
+        wait_for(lambda: rt.controller.group_state("g0") != "loading", what="the load ends")
+        wait_for(lambda: not step_1.exists(), what="v1 deleted once its lease is released")
+        # It loaded v1 after the fleet moved to v2: never routed on v1.
+        assert not [e for e in routed if e.group == "g0" and e.incarnation == 2
+                    and getattr(e, "version", None) == 1]  # fmt: skip
+        step(model)
+        assert rt.sync(model, 3).get("g0") == rt.controller.incarnation("g0")
+        assert rt.generate("g0", [3]).version == 3
+    assert_replays_clean(tmp_path)
+
+
+class WrongWeightsEngine(ReferenceEngine):
+    """Loads the checkpoint, then holds other weights (a buggy reload): the digest it
+    reports is not the manifest's."""
+
+    def boot_from_checkpoint(self, path: str) -> Any:
+        super().boot_from_checkpoint(path)
+        with torch.no_grad():
+            next(self.model.parameters()).add_(1.0)
+        from recovery_fsm.export import model_digest
+
+        self.held = type(self.held)(self.held.version, model_digest(self.model))
+        return self.held
+
+
+def _flip_a_bit(rt: RecoveryRuntime) -> None:
+    shard = Path(rt.controller.checkpoints()[1].path or "") / "model.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one flipped bit, the size unchanged
+    shard.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("engine", "corrupt"),
+    [(ReferenceEngine, _flip_a_bit), (WrongWeightsEngine, lambda rt: None)],
+    ids=["flipped-bit-on-disk", "engine-holds-other-weights"],
+)
+def test_wrong_weights_are_refused_and_the_group_goes_cold(
+    tmp_path: Path, engine: type, corrupt: Callable[[RecoveryRuntime], None]
+) -> None:
+    model = trainer()
+    with runtime(tmp_path, engine=engine) as rt:
+        rt.start(model)
+        step(model)
+        rt.sync(model, 1)
+        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+        corrupt(rt)
+        rt.kill("g0")
+        wait_for(lambda: rt.controller.group_state("g0") == "pending_weights",
+                 what="cold restart")  # fmt: skip
+        assert rt.controller.recovery_state("g0") == "cooldown"
+        assert rt.routes["g0"] is None  # not serving on the cold process's random weights
+        step(model)
+        assert rt.sync(model, 2).get("g0") == rt.controller.incarnation("g0")
+        assert rt.generate("g0", [4]).version == 2
+        assert rt.statistics().recoveries == {"cold": 1}
+    assert_replays_clean(tmp_path)
+
+
+class DyingEngine(ReferenceEngine):
+    """Group g1's every restart dies while booting."""
+
+    def _maybe_die(self) -> None:
+        if self.group == "g1" and self.incarnation > 1:
+            os._exit(1)
+
+    def boot_from_checkpoint(self, path: str) -> Any:
+        self._maybe_die()
+        return super().boot_from_checkpoint(path)
+
+    def boot_empty(self) -> Any:
+        self._maybe_die()
+        return super().boot_empty()
+
+
+def test_a_group_that_keeps_dying_is_retired_and_the_others_serve(tmp_path: Path) -> None:
+    model = trainer()
+    with runtime(tmp_path, engine=DyingEngine, config=RecoveryConfig(restart_budget=2)) as rt:
+        rt.start(model)
+        step(model)
+        rt.sync(model, 1)
+        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+        rt.kill("g1")
+        wait_for(lambda: rt.controller.group_state("g1") == "retired", what="retired")
+        assert rt._actors.of("g1", rt.controller.incarnation("g1")) == []
+        assert rt.controller.group_state("g0") == "active"
+        assert rt.generate("g0", [1]).version == 1
+        step(model)
+        assert rt.sync(model, 2) == {"g0": 1}
+    assert_replays_clean(tmp_path)
+
+
+def test_closing_mid_recovery_leaves_nothing_behind(tmp_path: Path) -> None:
+    model = trainer()
+    rt = runtime(tmp_path, engine=SlowEngine)
+    rt.start(model)
+    step(model)
+    rt.sync(model, 1)
+    wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+    actors = [a for g in ("g0", "g1") for a in rt._actors.of(g, 1)]
+    rt.kill("g0")
+    wait_for(lambda: rt.controller.group_state("g0") == "loading", what="loading")
+    loading = rt._actors.of("g0", 2)
+    assert rt.close() is True  # drained: the load's outcome arrived after its stop
+    assert rt.controller.drained
+    for actor in [*actors, *loading]:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.ping.remote(), timeout=30)
+    names = [t.name for t in threading.enumerate() if t.is_alive()]
+    assert not [n for n in names if n.startswith(("recovery-fsm", "hf-export"))], names
+    journal = [json.loads(line) for line in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    assert any(r.get("event", {}).get("kind") == "Shutdown" for r in journal)
     assert_replays_clean(tmp_path)
