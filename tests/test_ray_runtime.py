@@ -310,3 +310,55 @@ def test_closing_mid_recovery_leaves_nothing_behind(tmp_path: Path) -> None:
     journal = [json.loads(line) for line in (tmp_path / "journal.jsonl").read_text().splitlines()]
     assert any(r.get("event", {}).get("kind") == "Shutdown" for r in journal)
     assert_replays_clean(tmp_path)
+
+
+class Reporter:
+    """A health manager in another process: it finds the controller by name and reports."""
+
+    def report_failure(self, name: str, group: str, incarnation: int) -> str:
+        from recovery_fsm import WrongIncarnation
+        from recovery_fsm import events as ev
+
+        controller = ray.get_actor(name)
+        try:
+            ray.get(controller.send.remote(ev.GroupFailed, group=group,
+                                           incarnation=incarnation, reason="reporter"))  # fmt: skip
+        except ray.exceptions.RayTaskError as err:
+            return f"refused: {err}"
+        # A second report about the same, now replaced, process is refused.
+        try:
+            ray.get(controller.send.remote(ev.ProbeOk, group=group, incarnation=incarnation))
+        except ray.exceptions.RayTaskError as err:
+            assert isinstance(err.as_instanceof_cause(), WrongIncarnation)
+            return "ok"
+        return "the stale report was accepted"
+
+
+def test_the_controller_as_a_named_actor_takes_reports_from_another_actor(
+    tmp_path: Path,
+) -> None:
+    from recovery_fsm.ray import RecoveryControllerActor
+
+    name = f"recovery-controller-{os.getpid()}-{tmp_path.name}"
+    journal = tmp_path / "journal.jsonl"
+    actor = RecoveryControllerActor.launch(name, journal=str(journal))
+    model = trainer()
+    try:
+        with runtime(tmp_path, controller_actor=actor, journal=None) as rt:
+            rt.start(model)
+            step(model)
+            rt.sync(model, 1)
+            wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export")
+            reporter = ray.remote(Reporter).options(num_cpus=0).remote()
+            # The reporter says g0's process is gone; the runtime here restarts it.
+            verdict = ray.get(reporter.report_failure.remote(name, "g0", 1), timeout=60)
+            assert verdict == "ok"
+            wait_for(lambda: rt.controller.group_state("g0") == "active"
+                     and rt.controller.incarnation("g0") == 2, what="restart")  # fmt: skip
+            assert rt.generate("g0", [2]).version == 1
+            ray.kill(reporter)
+        assert rt.controller.drained
+    finally:
+        ray.get(actor.close.remote())
+        ray.kill(actor)
+    assert_replays_clean(tmp_path)

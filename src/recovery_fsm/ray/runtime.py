@@ -41,6 +41,7 @@ from ..export import AsyncHFExporter, CheckpointStore, model_digest
 from ..journal import JsonlJournal
 from ..link import ControllerLink
 from .engine import ReferenceEngine, WeightsHeld
+from .hosting import RemoteController, RemoteLink
 
 log = logging.getLogger(__name__)
 
@@ -356,6 +357,7 @@ class RecoveryRuntime:
         delete_attempts: int = 5,
         initial_version: int = 0,
         exporter_options: Mapping[str, Any] | None = None,
+        controller_actor: Any = None,
     ) -> None:
         self.groups = list(groups)
         self.model_config = dict(model_config)
@@ -380,10 +382,16 @@ class RecoveryRuntime:
         self._journal = JsonlJournal(journal) if journal is not None else None
         self._journal_path = journal
         self.store = CheckpointStore(root)
-        self.controller = RecoveryController(
-            self.config, initial_version=initial_version, journal=self._journal
-        )
-        self.link = ControllerLink(self.controller, execute=self.runner_execute)
+        self.controller: RecoveryController | RemoteController
+        self.link: ControllerLink | RemoteLink
+        if controller_actor is None:
+            self.controller = RecoveryController(
+                self.config, initial_version=initial_version, journal=self._journal
+            )
+            self.link = ControllerLink(self.controller, execute=self.runner_execute)
+        else:  # hosted by a RecoveryControllerActor, which keeps its own journal
+            self.controller = RemoteController(controller_actor)
+            self.link = RemoteLink(controller_actor, execute=self.runner_execute)
         self.runner = EffectRunner(self, max_parallel=max_parallel)
         self.initial_version = initial_version
         self.monitor = HealthMonitor(

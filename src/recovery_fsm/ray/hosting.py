@@ -1,0 +1,187 @@
+"""The controller as a named Ray actor, for a health manager in another process.
+
+``RecoveryControllerActor`` hosts one controller (and its journal) and stamps each event's
+time on arrival, as ``ControllerLink`` does in one process. Any actor or process that looks
+it up by name reports events with ``send``; the effects every event causes go to one
+outbox, which the runtime that executes them drains with ``take_effects``. So there is one
+controller, one order of events, and one executor, however many reporters.
+
+``RemoteController`` and ``RemoteLink`` give the runtime the same queries and the same
+``send`` as a local controller and link.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from .. import CheckpointView, GroupView, RecoveryConfig, RecoveryController
+from .. import effects as fx
+from .. import events as ev
+from ..journal import JsonlJournal
+
+log = logging.getLogger(__name__)
+
+
+class RecoveryControllerActor:
+    """A controller in its own Ray actor (use ``RecoveryControllerActor.launch``)."""
+
+    def __init__(self, config: RecoveryConfig, initial_version: int, journal: str | None) -> None:
+        self._journal = JsonlJournal(journal) if journal else None
+        self._controller = RecoveryController(
+            config, initial_version=initial_version, journal=self._journal
+        )
+        self._lock = threading.Lock()  # stamp and hand over in one critical section
+        self._last = float("-inf")
+        self._outbox: collections.deque[fx.Effect] = collections.deque()
+        self._ready = threading.Condition()
+
+    @staticmethod
+    def launch(
+        name: str,
+        config: RecoveryConfig | None = None,
+        *,
+        initial_version: int = 0,
+        journal: str | None = None,
+        namespace: str | None = None,
+    ) -> Any:
+        """Start the named actor (threaded: reporters and the runtime call it at once)."""
+        cls: Any = ray.remote(RecoveryControllerActor)
+        return cls.options(name=name, namespace=namespace, max_concurrency=8, num_cpus=0).remote(
+            config or RecoveryConfig(), initial_version, journal
+        )
+
+    def send(self, cls: type[ev.Event], **fields: Any) -> tuple[fx.Effect, ...]:
+        """Stamp the time, handle the event, queue its effects for the runtime. Refusals
+        raise to the caller (as a RayTaskError wrapping the typed error)."""
+        with self._lock:
+            now = max(time.monotonic(), self._last)
+            self._last = now
+            effects = self._controller.handle(cls(**fields, at=now))  # type: ignore[call-arg]
+        if effects:
+            with self._ready:
+                self._outbox.extend(effects)
+                self._ready.notify_all()
+        return effects
+
+    def take_effects(self, max_wait_s: float = 1.0) -> list[fx.Effect]:
+        """Every queued effect, in order, waiting up to ``max_wait_s`` for one."""
+        with self._ready:
+            self._ready.wait_for(lambda: bool(self._outbox), max_wait_s)
+            out = list(self._outbox)
+            self._outbox.clear()
+            return out
+
+    def query(self, name: str, *args: Any) -> Any:
+        """One of the controller's queries (``up_groups``, ``group``, ``checkpoints``...)."""
+        if name not in _QUERIES:
+            raise AttributeError(f"{name!r} is not a controller query; one of {_QUERIES}")
+        value = getattr(self._controller, name)
+        return value(*args) if callable(value) else value
+
+    def close(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+
+
+_QUERIES = (
+    "up_groups", "group", "groups", "incarnation", "group_state", "recovery_state",
+    "checkpoint_state", "checkpoints", "outstanding", "drained", "closed", "version",
+)  # fmt: skip
+
+
+class RemoteController:
+    """The queries the runtime reads, answered by the named actor."""
+
+    def __init__(self, actor: Any, timeout_s: float = 30.0) -> None:
+        self.actor = actor
+        self._timeout = timeout_s
+
+    def _q(self, name: str, *args: Any) -> Any:
+        return ray.get(self.actor.query.remote(name, *args), timeout=self._timeout)
+
+    def up_groups(self) -> dict[str, int]:
+        return dict(self._q("up_groups"))
+
+    def group(self, name: str) -> GroupView:
+        return self._q("group", name)  # type: ignore[no-any-return]
+
+    def groups(self) -> dict[str, GroupView]:
+        return dict(self._q("groups"))
+
+    def incarnation(self, group: str) -> int:
+        return int(self._q("incarnation", group))
+
+    def group_state(self, group: str) -> str:
+        return str(self._q("group_state", group))
+
+    def recovery_state(self, group: str) -> str:
+        return str(self._q("recovery_state", group))
+
+    def checkpoint_state(self, version: int) -> str:
+        return str(self._q("checkpoint_state", version))
+
+    def checkpoints(self) -> dict[int, CheckpointView]:
+        return dict(self._q("checkpoints"))
+
+    def outstanding(self) -> list[str]:
+        return list(self._q("outstanding"))
+
+    @property
+    def drained(self) -> bool:
+        return bool(self._q("drained"))
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._q("closed"))
+
+
+class RemoteLink:
+    """``send`` to the named actor, and a thread that drains its outbox into ``execute``,
+    one effect at a time, in order (as ``ControllerLink`` runs them)."""
+
+    def __init__(self, actor: Any, execute: Callable[[fx.Effect], None]) -> None:
+        self.actor = actor
+        self._execute = execute
+        self._stop = threading.Event()
+        self._idle = threading.Event()
+        self._thread = threading.Thread(target=self._drain, name="recovery-fsm-remote", daemon=True)
+        self._thread.start()
+
+    def send(self, cls: type[ev.Event], **fields: Any) -> tuple[fx.Effect, ...]:
+        try:
+            return tuple(ray.get(self.actor.send.remote(cls, **fields)))
+        except ray.exceptions.RayTaskError as err:
+            # The controller's typed refusal, raised here as itself.
+            cause = err.as_instanceof_cause()  # type: ignore[no-untyped-call]
+            raise cause from None
+
+    def _drain(self) -> None:
+        while not self._stop.is_set():
+            try:
+                effects = ray.get(self.actor.take_effects.remote(0.5), timeout=30)
+            except Exception:
+                log.exception("taking effects from the controller actor failed")
+                self._stop.wait(0.5)
+                continue
+            self._idle.clear() if effects else self._idle.set()
+            for effect in effects:
+                try:
+                    self._execute(effect)
+                except Exception:
+                    log.exception("executing %r raised", effect)
+
+    def join(self, timeout: float | None = None) -> bool:
+        return self._idle.wait(timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        self._idle.wait(timeout)
+        self._stop.set()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
