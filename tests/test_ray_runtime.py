@@ -362,3 +362,12 @@ def test_the_controller_as_a_named_actor_takes_reports_from_another_actor(
         ray.get(actor.close.remote())
         ray.kill(actor)
     assert_replays_clean(tmp_path)
+
+
+def test_the_root_must_be_visible_from_every_node_a_group_may_use(tmp_path: Path) -> None:
+    from recovery_fsm.ray.runtime import SharedRootError, check_shared_root
+
+    assert check_shared_root(tmp_path, {}) == 1  # this one node sees it
+    assert not list(tmp_path.iterdir())  # the marker is removed
+    with pytest.raises(SharedRootError, match="no alive node"):
+        check_shared_root(tmp_path, {"resources": {"checkpoint-fs": 1}})
