@@ -81,6 +81,11 @@ def runtime(tmp_path: Path, **kwargs: Any) -> RecoveryRuntime:
     return RecoveryRuntime(tmp_path / "ckpt", **options)
 
 
+def journal_events(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
+    records = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    return [r["event"] for r in records if r.get("event", {}).get("kind") == kind]
+
+
 def assert_replays_clean(tmp_path: Path) -> None:
     report = replay(tmp_path / "journal.jsonl")
     assert report.ok, report
@@ -107,6 +112,8 @@ def test_a_killed_group_boots_from_the_committed_checkpoint(tmp_path: Path) -> N
         stats = rt.statistics()
         assert stats.recoveries == {"immediate": 1}
         assert rt.routes["g0"] == (2, 1)
+    # The death was seen by the watch call (at once), not by missed probes.
+    assert [e["reason"] for e in journal_events(tmp_path, "GroupFailed")] == ["actor died"]
     assert_replays_clean(tmp_path)
 
 
@@ -371,3 +378,34 @@ def test_the_root_must_be_visible_from_every_node_a_group_may_use(tmp_path: Path
     assert not list(tmp_path.iterdir())  # the marker is removed
     with pytest.raises(SharedRootError, match="no alive node"):
         check_shared_root(tmp_path, {"resources": {"checkpoint-fs": 1}})
+
+
+class PausableProbeEngine(ReferenceEngine):
+    """Its probe hangs while a flag file for its group exists."""
+
+    flags = ""
+
+    def ping(self) -> bool:
+        while os.path.exists(os.path.join(self.flags, self.group)):
+            time.sleep(0.05)
+        return True
+
+
+def test_paused_probes_do_not_fail_a_slow_group_and_resumed_ones_do(tmp_path: Path) -> None:
+    PausableProbeEngine.flags = str(tmp_path / "flags")
+    os.makedirs(PausableProbeEngine.flags)
+    model = trainer()
+    with runtime(tmp_path, engine=PausableProbeEngine,
+                 config=RecoveryConfig(suspect_threshold=2)) as rt:  # fmt: skip
+        rt.start(model)
+        rt.monitor.pause()  # the engines are offloaded while the trainer trains
+        (tmp_path / "flags" / "g0").touch()
+        time.sleep(4 * (rt.monitor.probe_interval_s + rt.monitor.probe_timeout_s))
+        assert rt.controller.group_state("g0") == "active"
+        assert not journal_events(tmp_path, "ProbeFailed")
+        rt.monitor.resume()
+        wait_for(lambda: rt.controller.incarnation("g0") == 2, what="the hang is noticed")
+        (tmp_path / "flags" / "g0").unlink()
+        failed = journal_events(tmp_path, "ProbeFailed")
+        assert [e["incarnation"] for e in failed if e["incarnation"] == 1] == [1, 1]
+    assert_replays_clean(tmp_path)
