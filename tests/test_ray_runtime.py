@@ -409,3 +409,23 @@ def test_paused_probes_do_not_fail_a_slow_group_and_resumed_ones_do(tmp_path: Pa
         failed = journal_events(tmp_path, "ProbeFailed")
         assert [e["incarnation"] for e in failed if e["incarnation"] == 1] == [1, 1]
     assert_replays_clean(tmp_path)
+
+
+def test_effects_held_by_a_stopped_runner_run_once_when_it_starts(tmp_path: Path) -> None:
+    model = trainer()
+    with runtime(tmp_path) as rt:
+        rt.start(model)
+        step(model)
+        rt.sync(model, 1)
+        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+        assert rt.runner.stop(timeout=30)
+        rt.kill("g0")
+        wait_for(lambda: rt.controller.group_state("g0") == "loading", what="restart decided")
+        time.sleep(1.0)
+        assert rt._actors.of("g0", 2) == []  # held: nothing started
+        assert rt.statistics().effects_in_flight >= 1
+        rt.runner.start()
+        wait_for(lambda: rt.controller.group_state("g0") == "active", what="the held restart")
+        assert rt.statistics().effects_in_flight == 0
+    assert [e["incarnation"] for e in journal_events(tmp_path, "RestartLoaded")] == [2]
+    assert_replays_clean(tmp_path)

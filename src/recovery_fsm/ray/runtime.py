@@ -169,14 +169,41 @@ class EffectRunner:
         self._busy: set[str] = set()
         self._idle = threading.Condition(self._lock)
         self._in_flight = 0
+        self._stopped = False
+        self._held: collections.deque[fx.Effect] = collections.deque()  # arrived while stopped
 
     @property
     def in_flight(self) -> int:
         with self._lock:
             return self._in_flight
 
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop executing: effects running now finish (True if within ``timeout``); every
+        effect not yet started, and every one that arrives, is held until ``start()``."""
+        with self._lock:
+            self._stopped = True
+            return self._idle.wait_for(lambda: not self._busy, timeout)
+
+    def start(self) -> None:
+        """Execute what was held, in the order it arrived, then carry on."""
+        with self._lock:
+            self._stopped = False
+            held, self._held = list(self._held), collections.deque()
+            self._in_flight -= len(held)
+            for lane, queue in self._lanes.items():
+                if queue and lane not in self._busy:
+                    self._busy.add(lane)
+                    self._pool.submit(self._drain, lane)
+        for effect in held:
+            self.execute(effect)
+
     def execute(self, effect: fx.Effect) -> None:
         """Called by the link, one effect at a time: must not block."""
+        with self._lock:
+            if self._stopped:
+                self._held.append(effect)
+                self._in_flight += 1
+                return
         match effect:
             case fx.RouteTraffic() | fx.WithdrawTraffic():
                 self._rt._route(effect)
@@ -197,7 +224,7 @@ class EffectRunner:
         with self._lock:
             self._lanes.setdefault(lane, collections.deque()).append(effect)
             self._in_flight += 1
-            if lane not in self._busy:
+            if lane not in self._busy and not self._stopped:
                 self._busy.add(lane)
                 self._pool.submit(self._drain, lane)
 
@@ -205,7 +232,7 @@ class EffectRunner:
         while True:
             with self._lock:
                 queue = self._lanes[lane]
-                if not queue:
+                if not queue or self._stopped:
                     self._busy.discard(lane)
                     self._idle.notify_all()
                     return
@@ -534,6 +561,7 @@ class RecoveryRuntime:
         drained = False
         try:
             self.monitor.stop()
+            self.runner.start()  # a stopped runner runs what it holds: the drain needs it
             self.exporter.close()
             if not self.controller.closed:
                 self._report(ev.Shutdown)
