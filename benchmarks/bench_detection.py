@@ -41,6 +41,7 @@ class HangableEngine(ReferenceEngine):
 
     flags = ""
 
+    @ray.method(concurrency_group="health")  # type: ignore[misc]
     def ping(self) -> bool:
         while os.path.exists(os.path.join(self.flags, self.group)):
             time.sleep(0.05)

@@ -335,7 +335,7 @@ def read_verified(
         return {}
     # The tensors keep the mapping alive; it is unmapped when the last of them is freed.
     data = torch.frombuffer(mapped, dtype=torch.uint8)[8 + n :]
-    return {slot.name: _tensor_at(data, slot) for slot in slots}
+    return {slot.name: _tensor_at(data, slot, 8 + n) for slot in slots}
 
 
 def _layout(
@@ -380,11 +380,12 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
-def _tensor_at(data: torch.Tensor, slot: _Slot) -> torch.Tensor:
+def _tensor_at(data: torch.Tensor, slot: _Slot, base: int) -> torch.Tensor:
+    """The tensor at ``slot`` of ``data``, which starts ``base`` bytes into the mapping."""
     dtype = DTYPES[slot.dtype]
     raw = data[slot.begin : slot.end]
     if raw.numel() == 0:
         return torch.empty(slot.shape, dtype=dtype)
-    if slot.begin % dtype.itemsize:  # a view needs aligned storage: copy this one
+    if (base + slot.begin) % dtype.itemsize:  # a view needs aligned storage: copy this one
         raw = raw.clone()
     return raw.view(dtype).view(slot.shape)

@@ -5,6 +5,10 @@ The runtime talks to every engine process through six calls and reads nothing el
 - ``ping()``: answers while the process is healthy (a probe; it runs beside a busy load).
 - ``watch()``: never returns; it fails the moment the process dies, so death is noticed
   without polling.
+
+(``ping`` and ``watch`` run in their own concurrency groups, ``health`` and ``watch``: a
+subclass that overrides them must decorate them again with ``@ray.method``, or they queue
+behind a load.)
 - ``boot_from_checkpoint(path)``: load a committed recovery checkpoint, checking every
   byte, and report the version and the digest of the weights now held.
 - ``boot_empty()``: start without real weights (the cold path; a weight sync follows).

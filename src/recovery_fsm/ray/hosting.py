@@ -3,8 +3,11 @@
 ``RecoveryControllerActor`` hosts one controller (and its journal) and stamps each event's
 time on arrival, as ``ControllerLink`` does in one process. Any actor or process that looks
 it up by name reports events with ``send``; the effects every event causes go to one
-outbox, which the runtime that executes them drains with ``take_effects``. So there is one
-controller, one order of events, and one executor, however many reporters.
+numbered outbox, in the order the controller handled the events, which the runtime that
+executes them drains with ``take_effects``. An effect leaves the outbox only when the runtime
+acknowledges it (the number of the last one it executed), so a batch lost to a timeout is
+sent again, and none is executed twice. So there is one controller, one order of events,
+and one executor, however many reporters.
 
 ``RemoteController`` and ``RemoteLink`` give the runtime the same queries and the same
 ``send`` as a local controller and link.
@@ -37,10 +40,13 @@ class RecoveryControllerActor:
         self._controller = RecoveryController(
             config, initial_version=initial_version, journal=self._journal
         )
-        self._lock = threading.Lock()  # stamp and hand over in one critical section
+        # Stamp, handle and queue in one critical section: the outbox's order is the
+        # controller's order.
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
         self._last = float("-inf")
-        self._outbox: collections.deque[fx.Effect] = collections.deque()
-        self._ready = threading.Condition()
+        self._outbox: collections.deque[tuple[int, fx.Effect]] = collections.deque()
+        self._numbered = 0
 
     @staticmethod
     def launch(
@@ -64,19 +70,26 @@ class RecoveryControllerActor:
             now = max(time.monotonic(), self._last)
             self._last = now
             effects = self._controller.handle(cls(**fields, at=now))  # type: ignore[call-arg]
-        if effects:
-            with self._ready:
-                self._outbox.extend(effects)
+            for effect in effects:
+                self._numbered += 1
+                self._outbox.append((self._numbered, effect))
+            if effects:
                 self._ready.notify_all()
         return effects
 
-    def take_effects(self, max_wait_s: float = 1.0) -> list[fx.Effect]:
-        """Every queued effect, in order, waiting up to ``max_wait_s`` for one."""
+    def take_effects(self, acked: int, max_wait_s: float = 1.0) -> list[tuple[int, fx.Effect]]:
+        """Drop the effects numbered up to ``acked`` (executed), then return the rest, in
+        order, waiting up to ``max_wait_s`` for one."""
         with self._ready:
+            while self._outbox and self._outbox[0][0] <= acked:
+                self._outbox.popleft()
             self._ready.wait_for(lambda: bool(self._outbox), max_wait_s)
-            out = list(self._outbox)
-            self._outbox.clear()
-            return out
+            return list(self._outbox)
+
+    def pending_after(self, acked: int) -> int:
+        """How many effects numbered after ``acked`` wait in the outbox."""
+        with self._lock:
+            return sum(1 for n, _ in self._outbox if n > acked)
 
     def query(self, name: str, *args: Any) -> Any:
         """One of the controller's queries (``up_groups``, ``group``, ``checkpoints``...)."""
@@ -144,44 +157,73 @@ class RemoteController:
 
 class RemoteLink:
     """``send`` to the named actor, and a thread that drains its outbox into ``execute``,
-    one effect at a time, in order (as ``ControllerLink`` runs them)."""
+    one effect at a time, in order, as ``ControllerLink`` runs them. Every call to the actor
+    has a timeout; after ``close`` the effects of a late ``send`` run on the caller's thread
+    (as ``ControllerLink`` does)."""
 
-    def __init__(self, actor: Any, execute: Callable[[fx.Effect], None]) -> None:
+    def __init__(
+        self, actor: Any, execute: Callable[[fx.Effect], None], timeout_s: float = 30.0
+    ) -> None:
         self.actor = actor
         self._execute = execute
+        self._timeout = timeout_s
+        self._acked = 0  # the number of the last effect executed
+        self._pump = threading.RLock()  # one executor of the outbox at a time
         self._stop = threading.Event()
-        self._idle = threading.Event()
         self._thread = threading.Thread(target=self._drain, name="recovery-fsm-remote", daemon=True)
         self._thread.start()
 
     def send(self, cls: type[ev.Event], **fields: Any) -> tuple[fx.Effect, ...]:
         try:
-            return tuple(ray.get(self.actor.send.remote(cls, **fields)))
+            effects = tuple(ray.get(self.actor.send.remote(cls, **fields), timeout=self._timeout))
         except ray.exceptions.RayTaskError as err:
             # The controller's typed refusal, raised here as itself.
             cause = err.as_instanceof_cause()  # type: ignore[no-untyped-call]
             raise cause from None
+        if self._stop.is_set():
+            self._take_and_run(0.0)
+        return effects
 
-    def _drain(self) -> None:
-        while not self._stop.is_set():
-            try:
-                effects = ray.get(self.actor.take_effects.remote(0.5), timeout=30)
-            except Exception:
-                log.exception("taking effects from the controller actor failed")
-                self._stop.wait(0.5)
-                continue
-            self._idle.clear() if effects else self._idle.set()
-            for effect in effects:
+    def _take_and_run(self, max_wait_s: float) -> int:
+        with self._pump:
+            batch = ray.get(
+                self.actor.take_effects.remote(self._acked, max_wait_s),
+                timeout=self._timeout + max_wait_s,
+            )
+            for number, effect in batch:
+                if number <= self._acked:
+                    continue
                 try:
                     self._execute(effect)
                 except Exception:
                     log.exception("executing %r raised", effect)
+                self._acked = number
+            return len(batch)
+
+    def _drain(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._take_and_run(0.5)
+            except Exception:
+                # A timeout loses nothing: the batch stays in the outbox until acknowledged.
+                log.exception("taking effects from the controller actor failed")
+                self._stop.wait(0.5)
 
     def join(self, timeout: float | None = None) -> bool:
-        return self._idle.wait(timeout)
+        """Wait until every effect queued so far has been executed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._pump:
+                acked = self._acked
+            pending = ray.get(self.actor.pending_after.remote(acked), timeout=self._timeout)
+            if not pending:
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
     def close(self, timeout: float | None = None) -> bool:
-        self._idle.wait(timeout)
+        done = self.join(timeout)
         self._stop.set()
         self._thread.join(timeout)
-        return not self._thread.is_alive()
+        return done and not self._thread.is_alive()

@@ -58,6 +58,7 @@ class Statistics:
     latency_s: Mapping[str, tuple[float, ...]]  # from the failure to routed, per path
     effects_in_flight: int
     refused_reports: int  # outcomes the controller refused (a stale incarnation)
+    lost_reports: int  # outcomes that could not be reported (logged): should stay 0
 
 
 class SharedRootError(RecoveryError):
@@ -121,6 +122,7 @@ class _Actors:
         # Incarnations told to stop, possibly before their actors existed: a boot that
         # comes later must not leave them running.
         self.stopped: set[tuple[str, int]] = set()
+        self.closed = False  # the runtime closed: any boot that comes later is killed
 
     def of(self, group: str, incarnation: int) -> list[Any]:
         with self.lock:
@@ -131,7 +133,7 @@ class _Actors:
         """Make ``actors`` the group's current ones; returns the ones to kill: those they
         replace, or ``actors`` themselves if this incarnation was already told to stop."""
         with self.lock:
-            if (group, incarnation) in self.stopped:
+            if self.closed or (group, incarnation) in self.stopped:
                 return actors
             _, old = self.current.get(group, (-1, []))
             self.current[group] = (incarnation, actors)
@@ -170,7 +172,6 @@ class EffectRunner:
         self._idle = threading.Condition(self._lock)
         self._in_flight = 0
         self._stopped = False
-        self._held: collections.deque[fx.Effect] = collections.deque()  # arrived while stopped
 
     @property
     def in_flight(self) -> int:
@@ -178,32 +179,25 @@ class EffectRunner:
             return self._in_flight
 
     def stop(self, timeout: float | None = None) -> bool:
-        """Stop executing: effects running now finish (True if within ``timeout``); every
-        effect not yet started, and every one that arrives, is held until ``start()``."""
+        """Stop starting work: the starts and deletes running now finish (True if within
+        ``timeout``), the others wait in their lanes, in order, until ``start()``. Kills,
+        routing and cancels still run at once: a stop must never hold the kill that ends a
+        hung load, nor keep traffic on a dead group."""
         with self._lock:
             self._stopped = True
             return self._idle.wait_for(lambda: not self._busy, timeout)
 
     def start(self) -> None:
-        """Execute what was held, in the order it arrived, then carry on."""
+        """Run what waits in the lanes, each effect once, in the order it came."""
         with self._lock:
             self._stopped = False
-            held, self._held = list(self._held), collections.deque()
-            self._in_flight -= len(held)
             for lane, queue in self._lanes.items():
                 if queue and lane not in self._busy:
                     self._busy.add(lane)
                     self._pool.submit(self._drain, lane)
-        for effect in held:
-            self.execute(effect)
 
     def execute(self, effect: fx.Effect) -> None:
         """Called by the link, one effect at a time: must not block."""
-        with self._lock:
-            if self._stopped:
-                self._held.append(effect)
-                self._in_flight += 1
-                return
         match effect:
             case fx.RouteTraffic() | fx.WithdrawTraffic():
                 self._rt._route(effect)
@@ -246,6 +240,28 @@ class EffectRunner:
                     self._in_flight -= 1
 
     def _run(self, effect: fx.Effect) -> None:
+        """Run one effect; a start's outcome is reported whatever raises on the way."""
+        match effect:
+            case (
+                fx.RestartFromCheckpoint(group=g, incarnation=inc)
+                | fx.RestartCold(group=g, incarnation=inc)
+            ):
+                try:
+                    self._start(effect)
+                except Exception as err:
+                    log.exception("starting %r raised", effect)
+                    _kill(self._rt._actors.take(g, inc))
+                    failed = (
+                        ev.RestartLoadFailed
+                        if isinstance(effect, fx.RestartFromCheckpoint)
+                        else ev.RelaunchFailed
+                    )
+                    self._rt._report(failed, group=g, incarnation=inc,
+                                     error=f"{type(err).__name__}: {err}"[:500])  # fmt: skip
+            case _:
+                self._start(effect)
+
+    def _start(self, effect: fx.Effect) -> None:
         rt = self._rt
         match effect:
             case fx.RestartFromCheckpoint(group=g, incarnation=inc, path=path):
@@ -254,7 +270,7 @@ class EffectRunner:
                 if isinstance(outcome, str):
                     error: str | None = outcome
                 else:
-                    expected = CheckpointStore(Path(path).parent).read_manifest(path)
+                    expected = rt.store.read_manifest(path)
                     error = _digest_gate(outcome, expected["weights_digest"])
                 if error is None:
                     rt._report(ev.RestartLoaded, group=g, incarnation=inc)
@@ -369,8 +385,8 @@ class HealthMonitor:
         for ref in ready:
             g, inc = self._watches.pop(ref)
             if self._rt.controller.up_groups().get(g) == inc:
-                self._rt._saw_failure(g)
                 self._rt._report(ev.GroupFailed, group=g, incarnation=inc, reason="actor died")
+                self._rt._saw_failure(g)
         # Watches of processes that are no longer up are dropped (their actors are gone).
         live = set(self._rt.controller.up_groups().items())
         for ref, key in list(self._watches.items()):
@@ -380,7 +396,10 @@ class HealthMonitor:
     def _probe(self, up: Mapping[str, int]) -> None:
         now = time.monotonic()
         pings: dict[tuple[str, int], list[Any]] = {}
+        serving = {n: v.state for n, v in self._rt.controller.groups().items()}
         for g, inc in up.items():
+            if serving.get(g) not in ("active", "suspect"):
+                continue  # a group waiting for weights takes no probe verdicts
             started = self._rt._actors.started_at.get((g, inc), 0.0)
             actors = self._rt._actors.of(g, inc)
             if actors and now - started >= self.grace_s:
@@ -396,8 +415,9 @@ class HealthMonitor:
             if ok:
                 self._rt._report(ev.ProbeOk, group=g, incarnation=inc)
             else:
-                self._rt._saw_failure(g)
                 self._rt._report(ev.ProbeFailed, group=g, incarnation=inc)
+                if self._rt.controller.up_groups().get(g) != inc:
+                    self._rt._saw_failure(g)  # that miss was the one too many
 
 
 def _answered(ref: Any) -> bool:
@@ -427,12 +447,12 @@ class RecoveryRuntime:
         actor_options: Mapping[str, Any] | None = None,
         journal: str | Path | None = None,
         router: Router | None = None,
-        tick_s: float = 0.2,
+        tick_s: float = 1.0,
         probe_interval_s: float = 2.0,
         probe_timeout_s: float = 2.0,
         grace_s: float = 5.0,
         call_timeout_s: float = 120.0,
-        max_parallel: int = 4,
+        max_parallel: int | None = None,
         delete_attempts: int = 5,
         initial_version: int = 0,
         exporter_options: Mapping[str, Any] | None = None,
@@ -452,6 +472,8 @@ class RecoveryRuntime:
         self._latency: dict[str, list[float]] = {"immediate": [], "cold": []}
         self._recoveries: collections.Counter[str] = collections.Counter()
         self._refused = 0
+        self._lost_reports = 0
+        self._stats_lock = threading.Lock()
         self._router = router
         # Probes and watches get their own threads, so they answer beside a load.
         self._engine: Any = ray.remote(concurrency_groups={"health": 1, "watch": 1})(  # type: ignore[call-overload]
@@ -461,6 +483,11 @@ class RecoveryRuntime:
         self._journal = JsonlJournal(journal) if journal is not None else None
         self._journal_path = journal
         self.store = CheckpointStore(root)
+        # One lane per group and one for deletes: a hung load never holds another group's.
+        self.runner = EffectRunner(self, max_parallel=max_parallel or len(self.groups) + 1)
+        self.exporter = AsyncHFExporter(
+            self.store, report=self._report_export, **(exporter_options or {})
+        )
         self.controller: RecoveryController | RemoteController
         self.link: ControllerLink | RemoteLink
         if controller_actor is None:
@@ -471,15 +498,11 @@ class RecoveryRuntime:
         else:  # hosted by a RecoveryControllerActor, which keeps its own journal
             self.controller = RemoteController(controller_actor)
             self.link = RemoteLink(controller_actor, execute=self.runner_execute)
-        self.runner = EffectRunner(self, max_parallel=max_parallel)
         self.initial_version = initial_version
         self.monitor = HealthMonitor(
             self, tick_s=tick_s, probe_interval_s=probe_interval_s,
             probe_timeout_s=probe_timeout_s, grace_s=grace_s,
         )  # fmt: skip
-        self.exporter = AsyncHFExporter(
-            self.store, report=self._report_export, **(exporter_options or {})
-        )
         self._closed = False
 
     # -- the trainer's side ------------------------------------------------------------------
@@ -517,14 +540,20 @@ class RecoveryRuntime:
             (g, inc): [a.update_weights.remote(version, weights) for a in self._actors.of(g, inc)]
             for g, inc in up.items()
         }
+        every = [r for refs in calls.values() for r in refs]
+        # One timeout for the whole push, however many groups: a hung one costs no more.
+        done, _ = ray.wait(every, num_returns=len(every), timeout=self.call_timeout_s)
+        finished = set(done)
         got: dict[str, int] = {}
         for (g, inc), refs in calls.items():
             try:
-                held = ray.get(refs, timeout=self.call_timeout_s)
+                if not refs or not all(r in finished for r in refs):
+                    raise TimeoutError(f"no answer in {self.call_timeout_s} s")
+                held = ray.get(refs, timeout=0)
             except Exception as err:
                 log.warning("weight push to %s#%d failed: %s", g, inc, err)
                 continue
-            if refs and _digest_gate(held, digest) is None:
+            if _digest_gate(held, digest) is None:
                 got[g] = inc
         self._report(ev.WeightsSynced, version=version, groups=got)
         self.exporter.export_model(version, model)
@@ -550,6 +579,7 @@ class RecoveryRuntime:
             {k: tuple(v) for k, v in self._latency.items()},
             self.runner.in_flight,
             self._refused,
+            self._lost_reports,
         )
 
     def close(self, *, drain_timeout_s: float = 60.0) -> bool:
@@ -562,7 +592,7 @@ class RecoveryRuntime:
         try:
             self.monitor.stop()
             self.runner.start()  # a stopped runner runs what it holds: the drain needs it
-            self.exporter.close()
+            self.exporter.close(cancel=True)  # an export in flight now would be stale at once
             if not self.controller.closed:
                 self._report(ev.Shutdown)
             # Shutdown stops every process; what is owed (a load's outcome, a delete)
@@ -575,6 +605,8 @@ class RecoveryRuntime:
             self.link.close(timeout=drain_timeout_s)
             self.runner.close(timeout=drain_timeout_s)
         finally:
+            with self._actors.lock:
+                self._actors.closed = True
             for g in list(self._actors.current):
                 _kill(self._actors.take(g))
             if self._journal is not None:
@@ -591,11 +623,22 @@ class RecoveryRuntime:
 
     def _report(self, cls: type[ev.Event], **fields: Any) -> None:
         """Send an outcome; a refusal (a stale incarnation, a closed controller) is logged."""
-        try:
-            self.link.send(cls, **fields)
-        except RecoveryError as err:
-            self._refused += 1
-            log.info("the controller refused %s%s: %s", cls.__name__, fields, err)
+        for attempt in range(3):
+            try:
+                self.link.send(cls, **fields)
+                return
+            except RecoveryError as err:
+                with self._stats_lock:
+                    self._refused += 1
+                log.info("the controller refused %s%s: %s", cls.__name__, fields, err)
+                return
+            except Exception:  # the controller actor did not answer in time: try again
+                log.warning("reporting %s%s failed (attempt %d)", cls.__name__, fields,
+                            attempt + 1, exc_info=True)  # fmt: skip
+                time.sleep(0.5 * 2**attempt)
+        with self._stats_lock:
+            self._lost_reports += 1
+        log.error("reporting %s%s failed for good", cls.__name__, fields)
 
     def _report_export(self, cls: type[ev.Event], **fields: Any) -> None:
         self.link.send(cls, **fields)
