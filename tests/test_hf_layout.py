@@ -179,3 +179,12 @@ def test_per_export_options_override_the_exporter(tmp_path: Path) -> None:
         "model.safetensors"
     ]
     assert on_disk(c) == on_disk(b)
+
+
+def test_a_config_that_is_not_json_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    model = build("llama-untied")
+    config = {"architectures": ["LlamaForCausalLM"], "dtype": torch.float32}
+    with AsyncHFExporter(tmp_path) as ex:
+        with pytest.raises(BadExportInput, match="JSON"):
+            ex.export(1, model.state_dict(), config=config)
+        assert ex.export(1, model.state_dict()).result(60) == tmp_path / "step-1"

@@ -430,3 +430,43 @@ def test_effects_held_by_a_stopped_runner_run_once_when_it_starts(tmp_path: Path
         assert rt.statistics().effects_in_flight == 0
     assert [e["incarnation"] for e in journal_events(tmp_path, "RestartLoaded")] == [2]
     assert_replays_clean(tmp_path)
+
+
+def test_the_controller_actor_keeps_effects_until_they_are_acknowledged() -> None:
+    """Run in this process (no Ray call): a batch lost to a timeout is handed out again,
+    and one acknowledged is never handed out twice."""
+    from recovery_fsm import events as ev
+    from recovery_fsm.ray import RecoveryControllerActor
+
+    host = RecoveryControllerActor(RecoveryConfig(), 0, None)
+    host.send(ev.GroupRegistered, group="g0", version=0)
+    host.send(ev.GroupRegistered, group="g1", version=0)
+    first = host.take_effects(0, 0.0)
+    assert [n for n, _ in first] == [1, 2]
+    assert host.take_effects(0, 0.0) == first  # not acknowledged: the same batch again
+    assert host.pending_after(1) == 1
+    host.send(ev.GroupFailed, group="g0", incarnation=1)
+    later = host.take_effects(2, 0.0)
+    assert [n for n, _ in later] == [3, 4] and host.pending_after(4) == 0
+    assert [type(e).__name__ for _, e in later] == ["WithdrawTraffic", "RestartCold"]
+
+
+def test_a_start_that_raises_in_the_runner_still_reports_its_outcome(tmp_path: Path) -> None:
+    model = trainer()
+    with runtime(tmp_path) as rt:
+        rt.start(model)
+        step(model)
+        rt.sync(model, 1)
+        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+
+        def unreadable(path: Any) -> Any:
+            raise OSError("the manifest could not be read")
+
+        rt.store.read_manifest = unreadable  # type: ignore[method-assign]
+        rt.kill("g0")
+        wait_for(lambda: rt.controller.group_state("g0") == "pending_weights",
+                 what="failed restart, then cold")  # fmt: skip
+        assert rt._actors.of("g0", 2) == []  # the started actors were killed
+        [failed] = journal_events(tmp_path, "RestartLoadFailed")
+        assert "the manifest could not be read" in failed["error"]
+    assert_replays_clean(tmp_path)

@@ -243,3 +243,10 @@ def test_sigkill_mid_export_never_leaves_a_torn_checkpoint(tmp_path: Path) -> No
         start = max([start, *report.committed]) + 1
     # The kills did land mid-write: the scans found and removed half-written exports.
     assert torn >= 4, f"only {torn} of {trials} kills landed mid-write"
+
+
+def test_load_model_of_a_checkpoint_without_config_says_why(store: CheckpointStore) -> None:
+    from recovery_fsm.export import load_model
+
+    with pytest.raises(CorruptCheckpoint, match=r"no config\.json"):
+        load_model(store.path_for(1))

@@ -73,7 +73,10 @@ def config_json(config: Any, *, dtype: torch.dtype | None, architectures: list[s
     ``architectures`` is refused: vLLM and SGLang pick the model class from it and would
     refuse the checkpoint at the restart, which is too late to find out."""
     if isinstance(config, Mapping):
-        data = json.loads(json.dumps(dict(config)))  # a deep copy that must be JSON anyway
+        try:
+            data = json.loads(json.dumps(dict(config)))  # a deep copy that must be JSON anyway
+        except (TypeError, ValueError) as err:
+            raise BadExportInput(f"config must hold only JSON values: {err}") from None
     elif callable(getattr(config, "to_json_string", None)):
         data = json.loads(config.to_json_string(use_diff=True))
     else:

@@ -72,9 +72,13 @@ def load_checkpoint(path: str | os.PathLike[str], *, device: str = "cpu") -> Loa
         raise CorruptCheckpoint(f"{p}: weights digest {digest[:12]} != manifest's")
     if device != "cpu":
         state = {k: v.to(device) for k, v in state.items()}
-    for alias, target in manifest["aliases"].items():
-        state[alias] = state[target]
-    return LoadedCheckpoint(int(manifest["version"]), p, state, manifest, digest)
+    try:
+        for alias, target in manifest["aliases"].items():
+            state[alias] = state[target]
+        version = int(manifest["version"])
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise CorruptCheckpoint(f"{p}: the manifest is malformed ({err!r})") from err
+    return LoadedCheckpoint(version, p, state, manifest, digest)
 
 
 def load_model(path: str | os.PathLike[str], **kwargs: Any) -> Any:
@@ -86,6 +90,10 @@ def load_model(path: str | os.PathLike[str], **kwargs: Any) -> Any:
 
     p = Path(path)
     loaded = load_checkpoint(p)
+    if "config.json" not in loaded.manifest["files"]:
+        raise CorruptCheckpoint(
+            f"{p} has no config.json (exported without a config): use load_checkpoint"
+        )
     config = transformers.AutoConfig.from_pretrained(str(p))
     cls = _model_class(config)
     model = cls.from_pretrained(None, config=config, state_dict=loaded.state_dict, **kwargs)
