@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,24 +27,13 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.utils import logging as hf_logging
 
 from recovery_fsm import RecoveryConfig
-from recovery_fsm.ray import RecoveryRuntime, ReferenceEngine
+from recovery_fsm.ray import RecoveryRuntime
+from recovery_fsm.ray.chaos import hangable
 
 CONFIG = dict(
     vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"],
 )  # fmt: skip
-
-
-class HangableEngine(ReferenceEngine):
-    """Its probe hangs while a flag file for its group exists."""
-
-    flags = ""
-
-    @ray.method(concurrency_group="health")  # type: ignore[misc]
-    def ping(self) -> bool:
-        while os.path.exists(os.path.join(self.flags, self.group)):
-            time.sleep(0.05)
-        return True
 
 
 def wait(cond: Any, timeout: float = 120.0, c: Any = None) -> float:
@@ -67,11 +55,10 @@ def main() -> None:
     a = parser.parse_args()
     hf_logging.disable_progress_bar()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     work = Path(tempfile.mkdtemp(prefix="recovery-fsm-detect-"))
-    HangableEngine.flags = str(work / "flags")
-    os.makedirs(HangableEngine.flags)
+    flags = work / "flags"
+    os.makedirs(flags)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG)).eval()
     groups = [f"g{i}" for i in range(a.groups)]
@@ -82,7 +69,7 @@ def main() -> None:
     hang: dict[int, list[float]] = {1: [], 2: []}
     with RecoveryRuntime(
         work / "ckpt", groups=groups, model_config=LlamaConfig(**CONFIG).to_dict(),
-        config=config, engine=HangableEngine, tick_s=0.1, probe_interval_s=a.probe_interval,
+        config=config, engine=hangable(str(flags)), tick_s=0.1, probe_interval_s=a.probe_interval,
         probe_timeout_s=a.probe_timeout, grace_s=0.5,
     ) as rt:  # fmt: skip
         rt.start(model)
@@ -106,14 +93,14 @@ def main() -> None:
                 incs = {g: c.incarnation(g) for g in hung}
                 t0 = time.monotonic()
                 for g in hung:
-                    Path(HangableEngine.flags, g).touch()
+                    Path(flags, g).touch()
                 ends = [
                     wait(lambda g=g, inc=incs[g]: c.incarnation(g) > inc  # type: ignore[misc]
                          or c.group_state(g) not in ("active", "suspect"))
                     for g in hung
                 ]  # fmt: skip
                 for g in hung:
-                    Path(HangableEngine.flags, g).unlink()
+                    Path(flags, g).unlink()
                 hang[n].extend(end - t0 for end in ends)
         stats = rt.statistics()
     ray.shutdown()

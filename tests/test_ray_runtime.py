@@ -86,6 +86,14 @@ def journal_events(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
     return [r["event"] for r in records if r.get("event", {}).get("kind") == kind]
 
 
+def serving_v1(rt: RecoveryRuntime, model: Any) -> None:
+    """Boot the groups, make a step, sync it as version 1 and wait for its export."""
+    rt.start(model)
+    step(model)
+    rt.sync(model, 1)
+    wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+
+
 def assert_replays_clean(tmp_path: Path) -> None:
     report = replay(tmp_path / "journal.jsonl")
     assert report.ok, report
@@ -130,10 +138,7 @@ def test_a_hung_load_is_killed_at_its_deadline_and_restarted(tmp_path: Path) -> 
     model = trainer()
     config = RecoveryConfig(load_timeout_s=3.0, relaunch_timeout_s=30.0)
     with runtime(tmp_path, config=config, engine=HangingEngine) as rt:
-        rt.start(model)
-        step(model)
-        rt.sync(model, 1)
-        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+        serving_v1(rt, model)
         rt.kill("g0")
         wait_for(lambda: rt.controller.group("g0").incarnation == 2, what="restart")
         assert rt.controller.group_state("g0") == "loading"
@@ -192,10 +197,7 @@ def test_a_checkpoint_in_use_outlives_its_sync_and_stale_weights_never_serve(
     model = trainer()
     routed: list[Any] = []
     with runtime(tmp_path, engine=SlowEngine, router=routed.append) as rt:
-        rt.start(model)
-        step(model)
-        rt.sync(model, 1)
-        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+        serving_v1(rt, model)
         step_1 = Path(rt.controller.checkpoints()[1].path or "")
         rt.kill("g0")
         wait_for(lambda: rt.controller.group_state("g0") == "loading", what="loading v1")
@@ -246,10 +248,7 @@ def test_wrong_weights_are_refused_and_the_group_goes_cold(
 ) -> None:
     model = trainer()
     with runtime(tmp_path, engine=engine) as rt:
-        rt.start(model)
-        step(model)
-        rt.sync(model, 1)
-        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+        serving_v1(rt, model)
         corrupt(rt)
         rt.kill("g0")
         wait_for(lambda: rt.controller.group_state("g0") == "pending_weights",
@@ -282,10 +281,7 @@ class DyingEngine(ReferenceEngine):
 def test_a_group_that_keeps_dying_is_retired_and_the_others_serve(tmp_path: Path) -> None:
     model = trainer()
     with runtime(tmp_path, engine=DyingEngine, config=RecoveryConfig(restart_budget=2)) as rt:
-        rt.start(model)
-        step(model)
-        rt.sync(model, 1)
-        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+        serving_v1(rt, model)
         rt.kill("g1")
         wait_for(lambda: rt.controller.group_state("g1") == "retired", what="retired")
         assert rt._actors.of("g1", rt.controller.incarnation("g1")) == []
@@ -299,10 +295,7 @@ def test_a_group_that_keeps_dying_is_retired_and_the_others_serve(tmp_path: Path
 def test_closing_mid_recovery_leaves_nothing_behind(tmp_path: Path) -> None:
     model = trainer()
     rt = runtime(tmp_path, engine=SlowEngine)
-    rt.start(model)
-    step(model)
-    rt.sync(model, 1)
-    wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+    serving_v1(rt, model)
     actors = [a for g in ("g0", "g1") for a in rt._actors.of(g, 1)]
     rt.kill("g0")
     wait_for(lambda: rt.controller.group_state("g0") == "loading", what="loading")
@@ -380,23 +373,12 @@ def test_the_root_must_be_visible_from_every_node_a_group_may_use(tmp_path: Path
         check_shared_root(tmp_path, {"resources": {"checkpoint-fs": 1}})
 
 
-class PausableProbeEngine(ReferenceEngine):
-    """Its probe hangs while a flag file for its group exists."""
-
-    flags = ""
-
-    @ray.method(concurrency_group="health")  # type: ignore[misc]
-    def ping(self) -> bool:
-        while os.path.exists(os.path.join(self.flags, self.group)):
-            time.sleep(0.05)
-        return True
-
-
 def test_paused_probes_do_not_fail_a_slow_group_and_resumed_ones_do(tmp_path: Path) -> None:
-    PausableProbeEngine.flags = str(tmp_path / "flags")
-    os.makedirs(PausableProbeEngine.flags)
+    from recovery_fsm.ray.chaos import hangable
+
+    os.makedirs(tmp_path / "flags")
     model = trainer()
-    with runtime(tmp_path, engine=PausableProbeEngine,
+    with runtime(tmp_path, engine=hangable(str(tmp_path / "flags")),
                  config=RecoveryConfig(suspect_threshold=2)) as rt:  # fmt: skip
         rt.start(model)
         rt.monitor.pause()  # the engines are offloaded while the trainer trains
@@ -415,10 +397,7 @@ def test_paused_probes_do_not_fail_a_slow_group_and_resumed_ones_do(tmp_path: Pa
 def test_effects_held_by_a_stopped_runner_run_once_when_it_starts(tmp_path: Path) -> None:
     model = trainer()
     with runtime(tmp_path) as rt:
-        rt.start(model)
-        step(model)
-        rt.sync(model, 1)
-        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+        serving_v1(rt, model)
         assert rt.runner.stop(timeout=30)
         rt.kill("g0")
         wait_for(lambda: rt.controller.group_state("g0") == "loading", what="restart decided")
@@ -454,10 +433,7 @@ def test_the_controller_actor_keeps_effects_until_they_are_acknowledged() -> Non
 def test_a_start_that_raises_in_the_runner_still_reports_its_outcome(tmp_path: Path) -> None:
     model = trainer()
     with runtime(tmp_path) as rt:
-        rt.start(model)
-        step(model)
-        rt.sync(model, 1)
-        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+        serving_v1(rt, model)
 
         def unreadable(path: Any) -> Any:
             raise OSError("the manifest could not be read")
