@@ -560,3 +560,14 @@ def test_exporter_drives_the_controller(model: Any, tmp_path: Path) -> None:
     assert isinstance(restart, RestartFromCheckpoint) and restart.path == str(path)
     assert restart.incarnation == 2
     assert load_checkpoint(restart.path).version == 1
+
+
+def test_a_closed_exporter_says_so(model: Any, tmp_path: Path) -> None:
+    from recovery_fsm import ExporterClosed
+
+    ex = AsyncHFExporter(tmp_path)
+    ex.close()
+    assert ex.closed
+    with pytest.raises(ExporterClosed, match="closed"):
+        ex.export_model(1, model)
+    assert list(tmp_path.iterdir()) == []

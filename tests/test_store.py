@@ -250,3 +250,12 @@ def test_load_model_of_a_checkpoint_without_config_says_why(store: CheckpointSto
 
     with pytest.raises(CorruptCheckpoint, match=r"no config\.json"):
         load_model(store.path_for(1))
+
+
+def test_a_checkpoint_under_another_versions_name_is_refused(store: CheckpointStore) -> None:
+    import shutil
+
+    shutil.copytree(store.path_for(2), store.root / "step-5")
+    with pytest.raises(CorruptCheckpoint, match="names version 2"):
+        load_checkpoint(store.root / "step-5")
+    assert 5 not in store.scan().committed

@@ -66,3 +66,7 @@ class ExportCancelledError(RecoveryError):
 
 class BadExportInput(RecoveryError, ValueError):
     """export() was given something it cannot write; nothing was started."""
+
+
+class ExporterClosed(BadExportInput):
+    """export() after the exporter was closed; nothing was started."""

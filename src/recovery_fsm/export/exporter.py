@@ -26,7 +26,7 @@ import attrs
 import torch
 
 from .. import events as ev
-from ..errors import BadExportInput, ExportCancelledError
+from ..errors import BadExportInput, ExportCancelledError, ExporterClosed
 from . import hf_layout
 from .safetensors_io import (
     DEFAULT_HASH,
@@ -354,7 +354,10 @@ class AsyncHFExporter:
         me = threading.get_ident()
         with self._lock:
             if self._closed:
-                raise BadExportInput("the exporter is closed")
+                raise ExporterClosed(
+                    "the exporter is closed: a closed exporter takes no export (close() flushes "
+                    "the one in flight; to wait for an export, use the handle export() returned)"
+                )
             buffers = self._take_buffers()
             self._staging[me] += 1
         try:
@@ -365,6 +368,11 @@ class AsyncHFExporter:
                 if not self._staging[me]:
                     del self._staging[me]
                 self._staged.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        with self._lock:
+            return self._closed
 
     def cancel(self, version: int) -> bool:
         """Cancel the export of ``version`` if it is the one in flight (the CancelExport

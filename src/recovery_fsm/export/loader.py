@@ -78,6 +78,10 @@ def load_checkpoint(path: str | os.PathLike[str], *, device: str = "cpu") -> Loa
         version = int(manifest["version"])
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise CorruptCheckpoint(f"{p}: the manifest is malformed ({err!r})") from err
+    named = p.name.removeprefix("step-")
+    if p.name.startswith("step-") and named.isdigit() and int(named) != version:
+        # As scan() does: a renamed or copied directory is not the version its name says.
+        raise CorruptCheckpoint(f"{p}: the manifest names version {version}")
     return LoadedCheckpoint(version, p, state, manifest, digest)
 
 

@@ -78,6 +78,9 @@ class ReferenceEngine:
         self.held = WeightsHeld(None, None)
         self._lock = threading.Lock()  # boots, updates and generation run one at a time
         self._forever = threading.Event()
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
     @ray.method(concurrency_group="health")
     def ping(self) -> bool:

@@ -35,7 +35,7 @@ import attrs
 import ray
 import torch
 
-from .. import RecoveryConfig, RecoveryController, RecoveryError
+from .. import ExporterClosed, RecoveryConfig, RecoveryController, RecoveryError
 from .. import effects as fx
 from .. import events as ev
 from ..export import AsyncHFExporter, CheckpointStore, model_digest
@@ -533,6 +533,8 @@ class RecoveryRuntime:
         """A weight sync to ``version``: push to every up group through the object store
         (one ``ray.put`` shared by all), report the incarnations whose digest matches the
         trainer's, then export ``model`` for recovery. Returns those incarnations."""
+        if self.exporter.closed:  # before anything is pushed or reported
+            raise ExporterClosed(f"sync({version}) after the runtime's exporter was closed")
         weights = ray.put(_cpu_state(model))
         digest = model_digest(model)
         up = self.controller.up_groups()
