@@ -446,3 +446,25 @@ def test_a_start_that_raises_in_the_runner_still_reports_its_outcome(tmp_path: P
         [failed] = journal_events(tmp_path, "RestartLoadFailed")
         assert "the manifest could not be read" in failed["error"]
     assert_replays_clean(tmp_path)
+
+
+def test_a_delete_that_keeps_failing_is_kept_and_retried(tmp_path: Path) -> None:
+    model = trainer()
+    with runtime(tmp_path, delete_attempts=2) as rt:
+        serving_v1(rt, model)
+        step_1 = Path(rt.controller.checkpoints()[1].path or "")
+        delete = rt.store.delete
+
+        def refuse(path: Any) -> None:
+            raise PermissionError("the filesystem refused")
+
+        rt.store.delete = refuse  # type: ignore[method-assign]
+        step(model)
+        rt.sync(model, 2)  # supersedes v1, whose delete now fails
+        wait_for(lambda: rt.statistics().failed_deletes == 1, what="the failed delete")
+        assert step_1.is_dir() and rt.controller.checkpoint_state(1) == "deletable"
+        rt.store.delete = delete  # type: ignore[method-assign]
+        assert rt.runner.retry_failed() == 1
+        wait_for(lambda: not step_1.exists(), what="the retried delete")
+        assert rt.statistics().failed_deletes == 0
+    assert_replays_clean(tmp_path)

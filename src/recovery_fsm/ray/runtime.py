@@ -59,6 +59,7 @@ class Statistics:
     effects_in_flight: int
     refused_reports: int  # outcomes the controller refused (a stale incarnation)
     lost_reports: int  # outcomes that could not be reported (logged): should stay 0
+    failed_deletes: int  # deletes that failed every attempt (runner.failed, retry_failed)
 
 
 class SharedRootError(RecoveryError):
@@ -172,6 +173,21 @@ class EffectRunner:
         self._idle = threading.Condition(self._lock)
         self._in_flight = 0
         self._stopped = False
+        self._failed: list[fx.Effect] = []  # deletes that failed every attempt
+
+    @property
+    def failed(self) -> tuple[fx.Effect, ...]:
+        """Deletes that failed every attempt; the checkpoint stays on disk until retried."""
+        with self._lock:
+            return tuple(self._failed)
+
+    def retry_failed(self) -> int:
+        """Queue the failed deletes again; returns how many."""
+        with self._lock:
+            failed, self._failed = self._failed, []
+        for effect in failed:
+            self.execute(effect)
+        return len(failed)
 
     @property
     def in_flight(self) -> int:
@@ -298,7 +314,11 @@ class EffectRunner:
                         continue
                     rt._report(ev.CheckpointDeleted, version=v)
                     return
-                raise RuntimeError(f"could not delete {path} in {rt.delete_attempts} attempts")
+                # The core has no event for it: kept (statistics, retry_failed) and logged.
+                with self._lock:
+                    self._failed.append(effect)
+                log.error("could not delete %s in %d attempts; kept for retry_failed()",
+                          path, rt.delete_attempts)  # fmt: skip
 
     def close(self, timeout: float | None = None) -> bool:
         """Wait for every queued effect to finish; True if they did in time."""
@@ -582,6 +602,7 @@ class RecoveryRuntime:
             self.runner.in_flight,
             self._refused,
             self._lost_reports,
+            len(self.runner.failed),
         )
 
     def close(self, *, drain_timeout_s: float = 60.0) -> bool:
