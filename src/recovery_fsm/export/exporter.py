@@ -220,7 +220,7 @@ class AsyncHFExporter:
         ``max_shard_size`` override the exporter's for this export (``dtype=None`` keeps
         each tensor's own)."""
         export_dtype = self._dtype_for(dtype)
-        shard_size = self.max_shard_size if max_shard_size is None else parse_size(max_shard_size)
+        shard_size = self._shard_size_for(max_shard_size)
 
         def configs(tensors: list[tuple[str, torch.Tensor]]) -> tuple[str | None, str | None]:
             on_disk = export_dtype or hf_layout.first_floating_dtype(tensors)
@@ -229,7 +229,7 @@ class AsyncHFExporter:
                 if config is None
                 else hf_layout.config_json(config, dtype=on_disk, architectures=None)
             )
-            return cfg, _to_json(generation_config, "generation_config")
+            return cfg, hf_layout.generation_config_json(None, generation_config)
 
         return self._submit(
             version, lambda: weights, configs, tokenizer, pinned, export_dtype, shard_size
@@ -253,7 +253,7 @@ class AsyncHFExporter:
         model's own). The model and its config are not changed. For a model sharded by
         FSDP or tensor parallelism, gather the full weights and use ``export``."""
         export_dtype = self._dtype_for(dtype)
-        shard_size = self.max_shard_size if max_shard_size is None else parse_size(max_shard_size)
+        shard_size = self._shard_size_for(max_shard_size)
         if not callable(getattr(model, "state_dict", None)) or not hasattr(model, "config"):
             raise BadExportInput(
                 f"export_model needs a transformers model, got {type(model).__name__}"
@@ -276,6 +276,9 @@ class AsyncHFExporter:
             export_dtype,
             shard_size,
         )
+
+    def _shard_size_for(self, max_shard_size: int | str | None) -> int:
+        return self.max_shard_size if max_shard_size is None else parse_size(max_shard_size)
 
     def _dtype_for(self, dtype: torch.dtype | _Unset | None) -> torch.dtype | None:
         if dtype is UNSET:
@@ -715,17 +718,3 @@ def _plan_shards(
         shards[-1].append((name, t))
         size += n
     return shards
-
-
-def _to_json(obj: Any, what: str) -> str | None:
-    """Serialize a config at call time, so later changes to it cannot leak into the export."""
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        return json.dumps(dict(obj), indent=2, sort_keys=True) + "\n"
-    to_json = getattr(obj, "to_json_string", None)
-    if callable(to_json):
-        return str(to_json(use_diff=True))
-    raise BadExportInput(
-        f"{what} must be a transformers config or a dict, got {type(obj).__name__}"
-    )

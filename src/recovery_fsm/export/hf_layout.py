@@ -101,7 +101,8 @@ def config_json(config: Any, *, dtype: torch.dtype | None, architectures: list[s
 
 def generation_config_json(model: Any, given: Any = None) -> str | None:
     """``generation_config.json`` as ``save_pretrained`` writes it: the one given, else the
-    model's own when the model can generate."""
+    model's own when the model can generate (``model`` may be None: the given one only).
+    Serialized at call time, so later changes to it cannot leak into the export."""
     source = given
     if source is None:
         can_generate = getattr(model, "can_generate", None)
