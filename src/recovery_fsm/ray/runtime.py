@@ -38,8 +38,9 @@ import torch
 from .. import ExporterClosed, RecoveryConfig, RecoveryController, RecoveryError
 from .. import effects as fx
 from .. import events as ev
-from ..export import AsyncHFExporter, CheckpointStore, model_digest
+from ..export import AsyncHFExporter, CheckpointStore, ExportHandle, model_digest
 from ..journal import JsonlJournal
+from ..ledger import PATHS, Ledger
 from ..link import ControllerLink
 from .engine import ReferenceEngine, WeightsHeld
 from .hosting import RemoteController, RemoteLink
@@ -54,12 +55,13 @@ class Statistics:
     """What the runtime saw, for a trainer's metrics (a snapshot; plain values)."""
 
     failures_seen: int  # deaths and hangs the monitor reported
-    recoveries: Mapping[str, int]  # "immediate" (from a checkpoint), "cold"
-    latency_s: Mapping[str, tuple[float, ...]]  # from the failure to routed, per path
+    recoveries: Mapping[str, int]  # per path: "immediate", "waited", "cold" (see ledger)
+    latency_s: Mapping[str, tuple[float, ...]]  # from the failure to admitted, per path
     effects_in_flight: int
     refused_reports: int  # outcomes the controller refused (a stale incarnation)
     lost_reports: int  # outcomes that could not be reported (logged): should stay 0
     failed_deletes: int  # deletes that failed every attempt (runner.failed, retry_failed)
+    loads_from_deleted: int  # deletes of a directory a start was loading from (must be 0)
 
 
 class SharedRootError(RecoveryError):
@@ -281,8 +283,13 @@ class EffectRunner:
         rt = self._rt
         match effect:
             case fx.RestartFromCheckpoint(group=g, incarnation=inc, path=path):
-                rt._paths[(g, inc)] = "immediate"
-                outcome = rt._boot(g, inc, lambda a: a.boot_from_checkpoint.remote(path))
+                with rt._stats_lock:
+                    rt._loading[path] += 1
+                try:
+                    outcome = rt._boot(g, inc, lambda a: a.boot_from_checkpoint.remote(path))
+                finally:
+                    with rt._stats_lock:
+                        rt._loading[path] -= 1
                 if isinstance(outcome, str):
                     error: str | None = outcome
                 else:
@@ -294,7 +301,6 @@ class EffectRunner:
                     _kill(rt._actors.take(g, inc))
                     rt._report(ev.RestartLoadFailed, group=g, incarnation=inc, error=error)
             case fx.RestartCold(group=g, incarnation=inc):
-                rt._paths[(g, inc)] = "cold"
                 outcome = rt._boot(g, inc, lambda a: a.boot_empty.remote())
                 if isinstance(outcome, str):
                     _kill(rt._actors.take(g, inc))
@@ -302,6 +308,10 @@ class EffectRunner:
                 else:
                     rt._report(ev.Relaunched, group=g, incarnation=inc)
             case fx.DeleteCheckpoint(version=v, path=path):
+                with rt._stats_lock:
+                    if rt._loading[path]:
+                        rt.loads_from_deleted += 1  # the leases failed: say so, loudly
+                        log.error("deleting %s while a start loads from it", path)
                 for attempt in range(rt.delete_attempts):
                     try:
                         rt.store.delete(path)
@@ -487,10 +497,8 @@ class RecoveryRuntime:
         self.delete_attempts = delete_attempts
         self.routes: dict[str, tuple[int, int] | None] = {}  # group -> (incarnation, version)
         self.failures_seen = 0
-        self._failed_at: dict[str, float] = {}  # group -> when its current outage began
-        self._paths: dict[tuple[str, int], str] = {}  # (group, incarnation) -> restart path
-        self._latency: dict[str, list[float]] = {"immediate": [], "cold": []}
-        self._recoveries: collections.Counter[str] = collections.Counter()
+        self.loads_from_deleted = 0  # deletes of a path a start was loading (must stay 0)
+        self._loading: collections.Counter[str] = collections.Counter()  # path -> starts
         self._refused = 0
         self._lost_reports = 0
         self._stats_lock = threading.Lock()
@@ -502,6 +510,8 @@ class RecoveryRuntime:
         self._actors = _Actors()
         self._journal = JsonlJournal(journal) if journal is not None else None
         self._journal_path = journal
+        # Every record the controller journals, folded (metrics, reports, timelines).
+        self.ledger = Ledger()
         self.store = CheckpointStore(root)
         # One lane per group and one for deletes: a hung load never holds another group's.
         self.runner = EffectRunner(self, max_parallel=max_parallel or len(self.groups) + 1)
@@ -512,7 +522,7 @@ class RecoveryRuntime:
         self.link: ControllerLink | RemoteLink
         if controller_actor is None:
             self.controller = RecoveryController(
-                self.config, initial_version=initial_version, journal=self._journal
+                self.config, initial_version=initial_version, journal=self._record
             )
             self.link = ControllerLink(self.controller, execute=self.runner_execute)
         else:  # hosted by a RecoveryControllerActor, which keeps its own journal
@@ -550,11 +560,18 @@ class RecoveryRuntime:
         self.monitor.start()
 
     def sync(self, model: Any, version: int) -> dict[str, int]:
-        """A weight sync to ``version``: push to every up group through the object store
-        (one ``ray.put`` shared by all), report the incarnations whose digest matches the
-        trainer's, then export ``model`` for recovery. Returns those incarnations."""
+        """A weight sync to ``version``: ``push``, then ``synced`` (report and export).
+        Returns the incarnations that took ``version``."""
         if self.exporter.closed:  # before anything is pushed or reported
             raise ExporterClosed(f"sync({version}) after the runtime's exporter was closed")
+        got = self.push(model, version)
+        self.synced(version, got, model)
+        return got
+
+    def push(self, model: Any, version: int) -> dict[str, int]:
+        """Push ``model``'s weights to every up group through the object store (one
+        ``ray.put`` shared by all) and return the incarnations whose digest matches the
+        trainer's. Reports nothing: a trainer with its own push skips this."""
         weights = ray.put(_cpu_state(model))
         digest = model_digest(model)
         up = self.controller.up_groups()
@@ -577,9 +594,17 @@ class RecoveryRuntime:
                 continue
             if _digest_gate(held, digest) is None:
                 got[g] = inc
-        self._report(ev.WeightsSynced, version=version, groups=got)
-        self.exporter.export_model(version, model)
         return got
+
+    def synced(
+        self, version: int, groups: Mapping[str, int], model: Any, *, pinned: bool = False
+    ) -> ExportHandle:
+        """Report that ``groups`` (name -> incarnation) took ``version``, then export
+        ``model`` as its recovery checkpoint (``pinned``: never deleted)."""
+        if self.exporter.closed:
+            raise ExporterClosed(f"synced({version}) after the runtime's exporter was closed")
+        self._report(ev.WeightsSynced, version=version, groups=dict(groups))
+        return self.exporter.export_model(version, model, pinned=pinned)
 
     def generate(self, group: str, prompt: list[int], max_new_tokens: int = 8) -> Any:
         """Generate on the group's first actor (its current process)."""
@@ -595,14 +620,16 @@ class RecoveryRuntime:
         _kill(self._actors.of(group, inc))
 
     def statistics(self) -> Statistics:
+        latency = {p: tuple(self.ledger.latencies(p)) for p in PATHS}
         return Statistics(
             self.failures_seen,
-            dict(self._recoveries),
-            {k: tuple(v) for k, v in self._latency.items()},
+            {p: len(v) for p, v in latency.items() if v},
+            {p: v for p, v in latency.items() if v},
             self.runner.in_flight,
             self._refused,
             self._lost_reports,
             len(self.runner.failed),
+            self.loads_from_deleted,
         )
 
     def close(self, *, drain_timeout_s: float = 60.0) -> bool:
@@ -666,18 +693,19 @@ class RecoveryRuntime:
     def _report_export(self, cls: type[ev.Event], **fields: Any) -> None:
         self.link.send(cls, **fields)
 
-    def _saw_failure(self, group: str) -> None:
-        self.failures_seen += 1
-        self._failed_at.setdefault(group, time.monotonic())
+    def _saw_failure(self, _group: str) -> None:
+        with self._stats_lock:
+            self.failures_seen += 1
+
+    def _record(self, record: dict[str, Any]) -> None:
+        """The controller's journal sink: the ledger first (it cannot fail), then the file."""
+        self.ledger.add(record)
+        if self._journal is not None:
+            self._journal(record)
 
     def _route(self, effect: fx.RouteTraffic | fx.WithdrawTraffic) -> None:
         if isinstance(effect, fx.RouteTraffic):
             self.routes[effect.group] = (effect.incarnation, effect.version)
-            path = self._paths.get((effect.group, effect.incarnation))
-            failed = self._failed_at.pop(effect.group, None)
-            if path is not None and failed is not None:
-                self._recoveries[path] += 1
-                self._latency[path].append(time.monotonic() - failed)
         else:
             self.routes[effect.group] = None
         if self._router is not None:

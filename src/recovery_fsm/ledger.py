@@ -1,0 +1,250 @@
+"""What happened, read off journal records: the one account behind metrics, reports and
+timelines.
+
+A ``Ledger`` folds the controller's journal records (live, as a tee of the journal sink, or
+read back from a ``JsonlJournal`` file) into plain facts: each group's states over time,
+weight syncs, export intervals, crashes, admissions, and each outage with the path that ended
+it. Because the journal is its only input, a production journal gives the same figures and
+the same picture as the demo. It decides nothing and touches no file.
+
+Recovery paths: ``immediate`` booted from the checkpoint that was ready when the group
+failed, ``waited`` waited for the export being written and then booted from it, ``cold``
+started without weights and was admitted by a later sync. An outage runs from the group's
+first failure to its admission, across any restarts that failed in between; the path is the
+one of the start that was admitted.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .machines import SERVING
+
+PATHS = ("immediate", "waited", "cold")
+
+
+@attrs.frozen
+class Span:
+    """A group in one state from ``start`` to ``end`` (None: still in it)."""
+
+    group: str
+    state: str
+    start: float
+    end: float | None
+
+
+@attrs.frozen
+class ExportSpan:
+    version: int
+    start: float
+    end: float | None
+    outcome: str  # "committed", "failed", "cancelled" or "running"
+
+
+@attrs.frozen
+class Recovery:
+    group: str
+    failed_at: float
+    admitted_at: float
+    path: str  # one of PATHS
+
+    @property
+    def latency_s(self) -> float:
+        return self.admitted_at - self.failed_at
+
+
+@attrs.frozen
+class Mark:
+    """A point on a group's row: a failure (why) or an admission (the version it serves)."""
+
+    at: float
+    group: str
+    incarnation: int
+    detail: str
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The q-th percentile (0-100) by nearest rank; NaN for no values."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    rank = max(1, math.ceil(q / 100 * len(xs)))
+    return xs[rank - 1]
+
+
+@attrs.define
+class _Outage:
+    failed_at: float
+    waited: bool = False
+    path: str | None = None
+
+
+class Ledger:
+    """Folds journal records, in step order, into what happened; safe to read from any thread."""
+
+    def __init__(self, records: Iterable[Mapping[str, Any]] = ()) -> None:
+        self._lock = threading.Lock()
+        self.header: Mapping[str, Any] | None = None
+        self.version = 0  # the fleet's version after the last record
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.shutdown_at: float | None = None
+        self._open: dict[str, Span] = {}  # group -> its current state, end None
+        self._closed: list[Span] = []
+        self.syncs: list[tuple[float, int]] = []
+        self._exports: dict[int, ExportSpan] = {}
+        self.crashes: list[Mark] = []
+        self.admissions: list[Mark] = []
+        self.recoveries: list[Recovery] = []
+        self.cooldowns = 0  # entries of an immediate-recovery switch into cooldown
+        self.stale_admissions = 0  # routes to a version other than the fleet's
+        self.refused = 0  # records of refused events
+        self._outages: dict[str, _Outage] = {}
+        for record in records:
+            self.add(record)
+
+    @classmethod
+    def read(cls, path: str | Path) -> Ledger:
+        from .journal import read_journal
+
+        return cls(read_journal(path))
+
+    # -- folding -----------------------------------------------------------------------------
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        """Take one journal record (the header, an event, or a refusal)."""
+        with self._lock:
+            self._add(record)
+
+    def __call__(self, record: Mapping[str, Any]) -> None:  # a journal sink
+        self.add(record)
+
+    def _add(self, record: Mapping[str, Any]) -> None:
+        if "header" in record:
+            self.header = record["header"]
+            self.version = int(record["header"].get("initial_version", 0))
+            return
+        if "error" in record or "event" not in record:
+            self.refused += 1
+            return
+        event = record["event"]
+        at = float(event["at"])
+        self.first_at = at if self.first_at is None else self.first_at
+        self.last_at = at
+        kind = event["kind"]
+        if kind == "WeightsSynced":
+            self.version = int(event["version"])
+            self.syncs.append((at, self.version))
+        elif kind == "ExportStarted":
+            v = int(event["version"])
+            self._exports[v] = ExportSpan(v, at, None, "running")
+        elif kind in ("ExportCommitted", "ExportFailed", "ExportCancelled"):
+            v = int(event["version"])
+            started = self._exports.get(v)
+            outcome = kind.removeprefix("Export").lower()
+            self._exports[v] = ExportSpan(v, started.start if started else at, at, outcome)
+        elif kind == "Shutdown":
+            self.shutdown_at = at
+        for label, name, _source, target in record.get("transitions", ()):
+            self._transition(at, label, name, target, event)
+        for effect in record.get("effects", ()):
+            if effect["kind"] == "RouteTraffic":
+                self.admissions.append(
+                    Mark(at, effect["group"], int(effect["incarnation"]), str(effect["version"]))
+                )
+                if int(effect["version"]) != self.version:
+                    self.stale_admissions += 1
+
+    def _transition(
+        self, at: float, label: str, name: str, target: str, event: Mapping[str, Any]
+    ) -> None:
+        kind, _, who = label.partition(":")
+        if kind == "recovery":
+            if target == "cooldown":
+                self.cooldowns += 1
+            return
+        if kind != "group":
+            return
+        span = self._open.pop(who, None)
+        if span is not None:
+            self._closed.append(attrs.evolve(span, end=at))
+        self._open[who] = Span(who, target, at, None)
+        outage = self._outages.get(who)
+        if name == "fail":
+            why = event.get("reason") or event.get("error") or event["kind"]
+            self.crashes.append(Mark(at, who, int(event.get("incarnation", 0)), str(why)))
+            if outage is None:
+                self._outages[who] = _Outage(at)
+        elif outage is None:
+            return
+        elif name == "await_checkpoint":
+            outage.waited = True
+        elif name == "load":
+            outage.path = "waited" if outage.waited else "immediate"
+        elif name == "relaunch":
+            outage.path = "cold"
+        elif name == "admit":
+            del self._outages[who]
+            self.recoveries.append(Recovery(who, outage.failed_at, at, outage.path or "cold"))
+        elif target in ("retired", "stopped"):
+            del self._outages[who]
+
+    # -- reading -----------------------------------------------------------------------------
+
+    @property
+    def exports(self) -> list[ExportSpan]:
+        with self._lock:
+            return [self._exports[v] for v in sorted(self._exports)]
+
+    def spans(self, until: float | None = None) -> list[Span]:
+        """Every group's states in time order; open spans end at ``until`` (or stay open)."""
+        with self._lock:
+            out = list(self._closed)
+            for s in self._open.values():
+                out.append(s if until is None else attrs.evolve(s, end=until))
+        return sorted(out, key=lambda s: (s.group, s.start))
+
+    def groups(self) -> list[str]:
+        with self._lock:
+            return sorted({s.group for s in self._closed} | set(self._open))
+
+    def idle_group_seconds(self, until: float | None = None) -> float:
+        """Seconds each group spent not serving, summed, from its registration to ``until``
+        (default: the shutdown, else the last record). A stopped group is not idle."""
+        end = until if until is not None else (self.shutdown_at or self.last_at or 0.0)
+        total = 0.0
+        for s in self.spans(until=end):
+            if s.state in SERVING or s.state == "stopped" or s.start >= end:
+                continue
+            total += min(s.end if s.end is not None else end, end) - s.start
+        return total
+
+    def latencies(self, path: str) -> list[float]:
+        with self._lock:
+            return [r.latency_s for r in self.recoveries if r.path == path]
+
+    def metrics(self, until: float | None = None) -> dict[str, float]:
+        """Plain numbers for a trainer's logger, under ``recovery/``."""
+        out: dict[str, float] = {
+            "recovery/failures": float(len(self.crashes)),
+            "recovery/idle_group_s": self.idle_group_seconds(until),
+            "recovery/cooldown_entries": float(self.cooldowns),
+            "recovery/stale_admissions": float(self.stale_admissions),
+        }
+        for path in PATHS:
+            lat = self.latencies(path)
+            out[f"recovery/{path}_count"] = float(len(lat))
+            if lat:
+                out[f"recovery/{path}_latency_p50_s"] = percentile(lat, 50)
+                out[f"recovery/{path}_latency_p95_s"] = percentile(lat, 95)
+        done = [e for e in self.exports if e.outcome == "committed" and e.end is not None]
+        out["recovery/exports_committed"] = float(len(done))
+        if done:
+            out["recovery/export_duration_s"] = done[-1].end - done[-1].start  # type: ignore[operator]
+        return out
