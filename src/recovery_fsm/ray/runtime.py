@@ -597,13 +597,23 @@ class RecoveryRuntime:
         return got
 
     def synced(
-        self, version: int, groups: Mapping[str, int], model: Any, *, pinned: bool = False
+        self,
+        version: int,
+        groups: Mapping[str, int],
+        model: Any,
+        *,
+        pinned: bool = False,
+        config: Any = None,
     ) -> ExportHandle:
-        """Report that ``groups`` (name -> incarnation) took ``version``, then export
-        ``model`` as its recovery checkpoint (``pinned``: never deleted)."""
+        """Report that ``groups`` (name -> incarnation) took ``version``, then export it as
+        its recovery checkpoint (``pinned``: never deleted). ``model`` is a transformers
+        model, or full weights in the hub layout (gathered from FSDP or Megatron shards)
+        with their ``config``."""
         if self.exporter.closed:
             raise ExporterClosed(f"synced({version}) after the runtime's exporter was closed")
         self._report(ev.WeightsSynced, version=version, groups=dict(groups))
+        if isinstance(model, Mapping):
+            return self.exporter.export(version, model, config=config, pinned=pinned)
         return self.exporter.export_model(version, model, pinned=pinned)
 
     def generate(self, group: str, prompt: list[int], max_new_tokens: int = 8) -> Any:
@@ -614,10 +624,18 @@ class RecoveryRuntime:
         return ray.get(actors[0].generate.remote(prompt, max_new_tokens),
                        timeout=self.call_timeout_s)  # fmt: skip
 
-    def kill(self, group: str) -> None:
-        """Chaos: kill the group's current process through Ray (as a crash would)."""
+    def kill(self, group: str) -> int:
+        """Chaos: kill the group's current process through Ray (as a crash would); returns
+        the incarnation killed."""
         inc = self.controller.incarnation(group)
         _kill(self._actors.of(group, inc))
+        return inc
+
+    def actors(self, group: str, incarnation: int | None = None) -> list[Any]:
+        """The actor handles of a group's process (default: its current incarnation); empty
+        once that process was stopped."""
+        inc = self.controller.incarnation(group) if incarnation is None else incarnation
+        return self._actors.of(group, inc)
 
     def statistics(self) -> Statistics:
         latency = {p: tuple(self.ledger.latencies(p)) for p in PATHS}

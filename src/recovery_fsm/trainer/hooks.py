@@ -46,7 +46,13 @@ class Runtime(Protocol):
     ledger: Ledger
 
     def synced(
-        self, version: int, groups: Mapping[str, int], model: Any, *, pinned: bool = False
+        self,
+        version: int,
+        groups: Mapping[str, int],
+        model: Any,
+        *,
+        pinned: bool = False,
+        config: Any = None,
     ) -> ExportHandle: ...
 
     def close(self) -> bool: ...
@@ -101,11 +107,13 @@ class RecoveryHooks:
             self._check_open()
             if type(version) is not int or version < 0:
                 raise HookOrderError(f"version must be an int >= 0, got {version!r}")
-            if self._announced is not None:
+            if self._announced is not None and version < self._announced:
                 raise HookOrderError(
                     f"before_weight_sync({version}) while the sync to {self._announced} "
-                    "has not had its after_weight_sync"
+                    "is open: versions must increase"
                 )
+            if self._announced is not None:  # that push failed: nothing was reported
+                log.warning("the sync to %d was never completed", self._announced)
             if self._last_version is not None and version <= self._last_version:
                 raise HookOrderError(
                     f"before_weight_sync({version}) after version {self._last_version}: "
@@ -129,12 +137,20 @@ class RecoveryHooks:
         return verdict
 
     def after_weight_sync(
-        self, version: int, model: Any, groups: Mapping[str, int], *, hf_save: bool = False
+        self,
+        version: int,
+        model: Any,
+        groups: Mapping[str, int],
+        *,
+        hf_save: bool = False,
+        config: Any = None,
     ) -> ExportHandle:
         """Call once ``groups`` (name -> incarnation) hold ``version``: reports the sync and
-        starts the asynchronous export of ``model``. With ``hf_save`` that export is also the
+        starts the asynchronous export of ``model`` (a transformers model, or full weights in
+        the hub layout with their ``config``). With ``hf_save`` that export is also the
         trainer's Hugging Face save of ``version`` and is never deleted; its handle resolves
-        to the directory."""
+        to the directory. A push that failed needs no call: the next ``before_weight_sync``
+        starts over."""
         with self._lock:
             self._check_open()
             if self._announced != version:
@@ -144,7 +160,7 @@ class RecoveryHooks:
                 )
         start = self._clock()
         try:
-            handle = self.runtime.synced(version, groups, model, pinned=hf_save)
+            handle = self.runtime.synced(version, groups, model, pinned=hf_save, config=config)
         finally:
             self._stalled(self._clock() - start)
         with self._lock:

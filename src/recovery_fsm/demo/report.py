@@ -1,0 +1,134 @@
+"""The demo's report: what was injected, how each outage ended, what it cost, and the safety
+counters that must all be zero. Everything comes from a ``RunResult``; nothing is re-measured.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Sequence
+
+import attrs
+
+from ..ledger import PATHS, percentile
+from ..replay import replay
+from .run import RunResult
+
+
+@attrs.frozen
+class Report:
+    label: str
+    failures_injected: int
+    injected_by_kind: dict[str, int]
+    failures_seen: int  # fail transitions in the journal (a death while loading is one more)
+    recoveries: dict[str, int]
+    p50_s: dict[str, float]
+    p95_s: dict[str, float]
+    unrecovered: int  # outages still open at shutdown (retired or stopped)
+    idle_group_s: float
+    cooldown_entries: int
+    tokens: int
+    requests: int
+    wall_s: float
+    safety: dict[str, int]
+    replay_ok: bool
+    replay_summary: str
+
+    @property
+    def ok(self) -> bool:
+        return self.replay_ok and not any(self.safety.values())
+
+    @property
+    def idle_per_failure_s(self) -> float:
+        return self.idle_group_s / self.failures_injected if self.failures_injected else 0.0
+
+
+def summarize(result: RunResult) -> Report:
+    ledger = result.ledger
+    stats = result.statistics
+    kinds = collections.Counter(kind for _, _, kind in result.counters.killed)
+    lat = {p: ledger.latencies(p) for p in PATHS}
+    check = replay(result.journal)
+    safety = {
+        "stale admissions": ledger.stale_admissions + result.counters.stale_admissions,
+        "stale answers served": result.counters.stale_serves,
+        "loads from deleted paths": stats.loads_from_deleted + len(result.load_errors),
+        "leaked checkpoint directories": len(result.leaked),
+        "lost effects": (
+            len(result.outstanding) + stats.lost_reports + stats.failed_deletes
+            + result.link_errors + (0 if result.drained else 1)
+        ),
+    }  # fmt: skip
+    return Report(
+        label="immediate recovery" if result.immediate else "cold path (baseline)",
+        failures_injected=len(result.counters.killed),
+        injected_by_kind=dict(kinds),
+        failures_seen=len(ledger.crashes),
+        recoveries={p: len(v) for p, v in lat.items()},
+        p50_s={p: percentile(v, 50) for p, v in lat.items()},
+        p95_s={p: percentile(v, 95) for p, v in lat.items()},
+        unrecovered=_outages_left(result),
+        idle_group_s=ledger.idle_group_seconds(),
+        cooldown_entries=ledger.cooldowns,
+        tokens=result.counters.tokens,
+        requests=result.counters.requests,
+        wall_s=result.wall_s,
+        safety=safety,
+        replay_ok=check.ok,
+        replay_summary=check.render(),
+    )
+
+
+def _outages_left(result: RunResult) -> int:
+    """Groups that failed and were never admitted again before the shutdown."""
+    last_fail: dict[str, float] = {}
+    for m in result.ledger.crashes:
+        last_fail[m.group] = m.at
+    last_admit: dict[str, float] = {}
+    for m in result.ledger.admissions:
+        last_admit[m.group] = m.at
+    return sum(1 for g, at in last_fail.items() if last_admit.get(g, -math.inf) < at)
+
+
+def _fmt(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.2f} s"
+
+
+def rows(reports: Sequence[Report]) -> list[tuple[str, ...]]:
+    """The report as (what, value per run) rows, for a table or plain text."""
+    out: list[tuple[str, ...]] = [("", *(r.label for r in reports))]
+
+    def row(name: str, values: Sequence[str]) -> None:
+        out.append((name, *values))
+
+    row("wall time", [f"{r.wall_s:.0f} s" for r in reports])
+    row("failures injected", [
+        f"{r.failures_injected} ("
+        + ", ".join(f"{k} {n}" for k, n in sorted(r.injected_by_kind.items())) + ")"
+        for r in reports
+    ])  # fmt: skip
+    row("failures seen (incl. deaths while loading)", [str(r.failures_seen) for r in reports])
+    for p in PATHS:
+        row(f"recovered: {p}", [str(r.recoveries[p]) for r in reports])
+        row(f"  latency p50 / p95 ({p})",
+            [f"{_fmt(r.p50_s[p])} / {_fmt(r.p95_s[p])}" for r in reports])  # fmt: skip
+    row("not recovered at shutdown", [str(r.unrecovered) for r in reports])
+    row("idle group-seconds", [f"{r.idle_group_s:.1f}" for r in reports])
+    row("  per failure injected", [f"{r.idle_per_failure_s:.1f}" for r in reports])
+    row("cooldown entries", [str(r.cooldown_entries) for r in reports])
+    row("tokens generated", [f"{r.tokens} in {r.requests} requests" for r in reports])
+    for name in reports[0].safety:
+        row(f"SAFETY {name} (must be 0)", [str(r.safety[name]) for r in reports])
+    row("journal replayed through the world model",
+        [("clean: " if r.replay_ok else "FAILED: ") + r.replay_summary.splitlines()[0]
+         for r in reports])  # fmt: skip
+    return out
+
+
+def render_plain(reports: Sequence[Report]) -> str:
+    table = rows(reports)
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+        for r in table
+    )

@@ -1,0 +1,383 @@
+"""One seeded chaos run on a local Ray cluster: a trainer, rollout groups, and a killer.
+
+The trainer makes real optimizer steps on a tiny causal LM (a synthetic next-token task),
+pushes every version to the groups through the object store and exports it through the
+trainer hooks. One thread per group keeps generating with whatever weights its routed
+process holds and checks each answer against the version it was admitted with. A chaos
+thread kills groups through Ray at seeded moments: idle, during an export, while a restart
+loads, two at once, and one group again and again. Everything the report says is read off
+the journal (``Ledger``) or counted at the real actors and files.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import ray
+import torch
+
+from .. import RecoveryConfig
+from .. import effects as fx
+from ..ledger import Ledger
+from ..link import ControllerLink
+from ..machines import LOADING, RELAUNCHING, SERVING, UP
+from ..ray import RecoveryRuntime
+from ..trainer import RecoveryHooks
+
+MODELS: dict[str, dict[str, Any]] = {
+    # Llama configs; parameter counts are roughly 0.2M, 3M and 25M.
+    "tiny": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, vocab_size=512),
+    "small": dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, vocab_size=2048),
+    "medium": dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=6, vocab_size=4096),
+}
+KINDS = ("idle", "export", "loading", "double", "repeat")
+STARTING = LOADING | RELAUNCHING
+
+
+@attrs.frozen
+class DemoOptions:
+    steps: int = 10
+    groups: int = 3
+    model: str = "small"
+    step_s: float = 4.0
+    chaos_rate: float = 0.7  # chance of an incident in a step (the 2nd to the 3rd-last)
+    seed: int = 0
+    out: Path = Path("demo-out")
+    hf_interval: int = 4  # every so many versions the export is also the HF save (pinned)
+    settle_s: float = 30.0  # after the last step, how long to wait for outages to end
+    request_interval_s: float = 0.2  # each group's pause between rollout requests
+
+
+@attrs.frozen
+class Incident:
+    step: int  # the version whose step it happens in
+    kind: str  # one of KINDS
+    offset: float  # fraction of the step at which it starts (for "idle", "loading", "double")
+    target: int  # which group (an index; the next serving one if that is down)
+
+
+def plan(options: DemoOptions) -> list[Incident]:
+    """The seeded incidents: every kind appears before any repeats, at most one a step."""
+    rng = random.Random(options.seed)
+    steps = [s for s in range(2, options.steps - 1) if rng.random() < options.chaos_rate]
+    kinds: list[str] = []
+    while len(kinds) < len(steps):
+        batch = list(KINDS)
+        rng.shuffle(batch)
+        kinds += batch
+    return [
+        Incident(s, k, rng.uniform(0.1, 0.6), rng.randrange(options.groups))
+        for s, k in zip(steps, kinds, strict=False)
+    ]
+
+
+@attrs.define
+class Counters:
+    """What the rollouts and the router saw at the real actors."""
+
+    tokens: int = 0
+    requests: int = 0
+    stale_serves: int = 0  # answers from weights older than the group was admitted with
+    stale_admissions: int = 0  # admitted while the process held other weights
+    killed: list[tuple[float, str, str]] = attrs.Factory(list)  # (monotonic, group, kind)
+
+
+
+@attrs.frozen
+class RunResult:
+    immediate: bool
+    options: DemoOptions
+    journal: Path
+    root: Path
+    ledger: Ledger
+    counters: Counters
+    statistics: Any  # recovery_fsm.ray.Statistics
+    drained: bool
+    outstanding: list[str]
+    link_errors: int
+    leaked: list[str]  # checkpoint directories left that nobody keeps
+    kept: list[str]  # HF saves, kept on purpose
+    load_errors: list[str]  # restarts that failed because their files were gone
+    wall_s: float
+    losses: list[float]
+
+
+def model_config(options: DemoOptions) -> dict[str, Any]:
+    from transformers import LlamaConfig
+
+    size = MODELS[options.model]
+    heads = max(2, size["hidden_size"] // 64)
+    return LlamaConfig(
+        **size, num_attention_heads=heads, num_key_value_heads=heads,
+        architectures=["LlamaForCausalLM"], max_position_embeddings=256,
+    ).to_dict()  # fmt: skip
+
+
+class _Trainer:
+    """Real optimizer steps on a fixed synthetic corpus: each sequence counts up mod vocab."""
+
+    def __init__(self, config: dict[str, Any], seed: int) -> None:
+        from transformers import AutoModelForCausalLM, LlamaConfig
+
+        torch.manual_seed(seed)
+        self.model = AutoModelForCausalLM.from_config(LlamaConfig(**config))  # type: ignore[no-untyped-call]
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-3)
+        vocab = config["vocab_size"]
+        starts = torch.randint(0, vocab, (8, 1))
+        self.batch = (starts + torch.arange(32)) % vocab
+        self.losses: list[float] = []
+
+    def step(self) -> None:
+        self.model.train()
+        loss = self.model(input_ids=self.batch, labels=self.batch).loss
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.model.eval()
+        self.losses.append(float(loss))
+
+
+class _Rollouts:
+    """One thread per group: generate while routed, check the version of every answer."""
+
+    def __init__(self, rt: RecoveryRuntime, counters: Counters, interval_s: float) -> None:
+        self.rt = rt
+        self.interval_s = interval_s
+        self.counters = counters
+        self.admitted: dict[str, tuple[int, int]] = {}  # group -> (incarnation, version)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._loop, args=(g,), name=f"rollout-{g}", daemon=True)
+            for g in rt.groups
+        ]
+
+    def route(self, effect: fx.RouteTraffic | fx.WithdrawTraffic) -> None:
+        """The router: runs on the link's thread, so it only records."""
+        with self.lock:
+            if isinstance(effect, fx.RouteTraffic):
+                self.admitted[effect.group] = (effect.incarnation, effect.version)
+            else:
+                self.admitted.pop(effect.group, None)
+
+    def _loop(self, group: str) -> None:
+        prompt = [1, 2, 3, 4]
+        checked: set[tuple[int, int]] = set()
+        while not self.stop.is_set():
+            with self.lock:
+                admitted = self.admitted.get(group)
+            if admitted is None:
+                self.stop.wait(0.05)
+                continue
+            inc, version = admitted
+            actors = self.rt.actors(group, inc)
+            if not actors:
+                self.stop.wait(0.05)
+                continue
+            try:
+                if admitted not in checked:  # what the admitted process holds, asked once
+                    held = ray.get(actors[0].weights.remote(), timeout=30)
+                    checked.add(admitted)
+                    if held.version is None or held.version < version:
+                        with self.lock:
+                            self.counters.stale_admissions += 1
+                out = ray.get(actors[0].generate.remote(prompt, 16), timeout=30)
+            except Exception:  # the process died under us: the monitor reports it
+                self.stop.wait(0.05)
+                continue
+            with self.lock:
+                self.counters.requests += 1
+                self.counters.tokens += len(out.tokens)
+                if out.version is None or out.version < version or out.incarnation != inc:
+                    self.counters.stale_serves += 1
+            # Paced, as requests arrive in a real fleet: generation that saturates the CPU
+            # would slow every restart (here the engines share two cores with everything).
+            self.stop.wait(self.interval_s)
+
+
+class _Chaos:
+    """Carries out the planned incidents; the trainer tells it when a step starts."""
+
+    def __init__(self, rt: RecoveryRuntime, counters: Counters, incidents: list[Incident],
+                 note: Callable[[str], None]) -> None:  # fmt: skip
+        self.rt = rt
+        self.counters = counters
+        self.by_step = {i.step: i for i in incidents}
+        self.note = note
+        self.threads: list[threading.Thread] = []
+        self.closing = threading.Event()
+        self.killed_incarnation: dict[str, int] = {}
+
+    def step_started(self, version: int, step_s: float) -> None:
+        incident = self.by_step.get(version)
+        if incident is None or incident.kind == "export":
+            return
+        t = threading.Thread(target=self._run, args=(incident, step_s), daemon=True)
+        self.threads.append(t)
+        t.start()
+
+    def synced(self, version: int) -> None:
+        """Right after the sync to ``version``: its export is being written now."""
+        incident = self.by_step.get(version)
+        if incident is not None and incident.kind == "export":
+            self._kill(self._serving(incident.target), "export", "while its export is written")
+
+    def join(self, timeout: float = 90) -> None:
+        """Let the incidents under way finish, then refuse new ones."""
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.closing.set()
+
+    def _run(self, incident: Incident, step_s: float) -> None:
+        if self.closing.wait(incident.offset * step_s):
+            return
+        first = self._serving(incident.target)
+        kind = incident.kind
+        if kind == "idle":
+            self._kill(first, kind, "while serving")
+        elif kind == "double":
+            self._kill(first, kind, "two at once")
+            self._kill(self._serving(incident.target + 1), kind, "two at once")
+        elif kind == "loading":  # a restart dies while it loads
+            if self._kill(first, kind, "to restart it") and self._restarted(first, STARTING):
+                self._kill(first, kind, "while its restart loads")
+        elif kind == "repeat":  # one group that keeps dying
+            for n in range(3):
+                if not self._kill(first, kind, f"{n + 1} of 3 in a row"):
+                    return
+                if not self._restarted(first, STARTING | UP) or self.closing.wait(0.5):
+                    return
+
+    def _serving(self, index: int) -> str | None:
+        groups = self.rt.groups
+        for k in range(len(groups)):
+            g = groups[(index + k) % len(groups)]
+            if self.rt.controller.group_state(g) in SERVING:
+                return g
+        return None
+
+    def _restarted(self, group: str | None, states: frozenset[str], timeout: float = 30) -> bool:
+        """Wait until a newer process of ``group`` than the one just killed is in ``states``."""
+        if group is None:
+            return False
+        killed = self.killed_incarnation[group]
+        deadline = time.monotonic() + timeout
+        while not self.closing.is_set() and time.monotonic() < deadline:
+            g = self.rt.controller.group(group)
+            if g.incarnation > killed and g.state in states:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def _kill(self, group: str | None, kind: str, detail: str) -> bool:
+        if group is None or self.closing.is_set():
+            return False
+        self.killed_incarnation[group] = inc = self.rt.kill(group)
+        self.counters.killed.append((time.monotonic(), group, kind))
+        self.note(f"chaos: killed {group}#{inc} ({kind}: {detail})")
+        return True
+
+
+def run(
+    options: DemoOptions,
+    *,
+    immediate: bool,
+    out: Path,
+    on_status: Callable[[RecoveryRuntime, int, int], None] | None = None,
+    note: Callable[[str], None] = print,
+) -> RunResult:
+    """One run of the seeded scenario (Ray must be initialised); returns what it saw."""
+    out.mkdir(parents=True, exist_ok=True)
+    journal = out / "journal.jsonl"
+    root = out / "checkpoints"
+    config = model_config(options)
+    counters = Counters()
+    trainer = _Trainer(config, options.seed)
+    groups = [f"g{i}" for i in range(options.groups)]
+    recovery = RecoveryConfig(immediate_recovery=immediate, restart_budget=6)
+    rollouts: _Rollouts | None = None
+
+    def router(effect: fx.RouteTraffic | fx.WithdrawTraffic) -> None:
+        if rollouts is not None:
+            rollouts.route(effect)
+
+    started = time.monotonic()
+    rt = RecoveryRuntime(
+        root, groups=groups, model_config=config, config=recovery, journal=journal,
+        router=router, tick_s=0.5, probe_interval_s=1.0, probe_timeout_s=2.0, grace_s=10.0,
+    )  # fmt: skip
+    rollouts = _Rollouts(rt, counters, options.request_interval_s)
+    chaos = _Chaos(rt, counters, plan(options), note)
+    def status(version: int) -> None:
+        if on_status is not None:
+            on_status(rt, version, options.steps)
+
+    with RecoveryHooks(rt) as hooks:
+        rt.start(trainer.model)
+        for t in rollouts.threads:
+            t.start()
+        version = 0
+        settle_by = None
+        # The planned steps, then quiet ones until every outage has ended (a cold restart
+        # needs a sync to serve again) or settle_s has passed.
+        while version < options.steps or not _settled(rt):
+            if version >= options.steps:
+                settle_by = settle_by or time.monotonic() + options.settle_s
+                if time.monotonic() > settle_by:
+                    break
+            version += 1
+            step_start = time.monotonic()
+            chaos.step_started(version, options.step_s)
+            while time.monotonic() - step_start < options.step_s:  # the groups generate
+                status(version - 1)
+                time.sleep(0.25)
+            trainer.step()
+            hooks.before_weight_sync(version)
+            got = rt.push(trainer.model, version)
+            hooks.after_weight_sync(
+                version, trainer.model, got,
+                hf_save=options.hf_interval > 0 and version % options.hf_interval == 0,
+            )  # fmt: skip
+            chaos.synced(version)
+            status(version)
+            if version == options.steps:
+                chaos.join()
+        rollouts.stop.set()
+        for t in rollouts.threads:
+            t.join(timeout=60)
+        closed = hooks.close()
+    kept = sorted(str(p) for p in closed.hf_saves.values())
+    leaked = sorted(
+        str(p) for p in root.iterdir() if str(p) not in kept
+    ) if root.exists() else []  # fmt: skip
+    ledger = rt.ledger
+    load_errors = [
+        r.detail for r in ledger.crashes
+        if "FileNotFoundError" in r.detail or "No such file" in r.detail
+    ]  # fmt: skip
+    return RunResult(
+        immediate, options, journal, root, ledger, counters, rt.statistics(), closed.drained,
+        rt.controller.outstanding(), len(_local(rt).errors), leaked, kept, load_errors,
+        time.monotonic() - started, trainer.losses,
+    )  # fmt: skip
+
+
+def _local(rt: RecoveryRuntime) -> ControllerLink:
+    assert isinstance(rt.link, ControllerLink), "the demo hosts its controller in-process"
+    return rt.link
+
+
+def _settled(rt: RecoveryRuntime) -> bool:
+    """Every group serves the fleet's version or was retired."""
+    version = rt.ledger.version
+    return all(
+        (g.state in SERVING and g.version == version) or g.state == "retired"
+        for g in rt.controller.groups().values()
+    )
