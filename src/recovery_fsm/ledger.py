@@ -97,11 +97,11 @@ class Ledger:
         self.shutdown_at: float | None = None
         self._open: dict[str, Span] = {}  # group -> its current state, end None
         self._closed: list[Span] = []
-        self.syncs: list[tuple[float, int]] = []
+        self._syncs: list[tuple[float, int]] = []
         self._exports: dict[int, ExportSpan] = {}
-        self.crashes: list[Mark] = []
-        self.admissions: list[Mark] = []
-        self.recoveries: list[Recovery] = []
+        self._crashes: list[Mark] = []
+        self._admissions: list[Mark] = []
+        self._recoveries: list[Recovery] = []
         self.cooldowns = 0  # entries of an immediate-recovery switch into cooldown
         self.stale_admissions = 0  # routes to a version other than the fleet's
         self.refused = 0  # records of refused events
@@ -140,7 +140,7 @@ class Ledger:
         kind = event["kind"]
         if kind == "WeightsSynced":
             self.version = int(event["version"])
-            self.syncs.append((at, self.version))
+            self._syncs.append((at, self.version))
         elif kind == "ExportStarted":
             v = int(event["version"])
             self._exports[v] = ExportSpan(v, at, None, "running")
@@ -151,18 +151,27 @@ class Ledger:
             self._exports[v] = ExportSpan(v, started.start if started else at, at, outcome)
         elif kind == "Shutdown":
             self.shutdown_at = at
+        effects = record.get("effects", ())
+        # A deadline's failure names its process and reason only in the StopGroup it emits.
+        stops = {e["group"]: e for e in effects if e["kind"] == "StopGroup"}
         for label, name, _source, target in record.get("transitions", ()):
-            self._transition(at, label, name, target, event)
-        for effect in record.get("effects", ()):
+            self._transition(at, label, name, target, event, stops)
+        for effect in effects:
             if effect["kind"] == "RouteTraffic":
-                self.admissions.append(
+                self._admissions.append(
                     Mark(at, effect["group"], int(effect["incarnation"]), str(effect["version"]))
                 )
                 if int(effect["version"]) != self.version:
                     self.stale_admissions += 1
 
     def _transition(
-        self, at: float, label: str, name: str, target: str, event: Mapping[str, Any]
+        self,
+        at: float,
+        label: str,
+        name: str,
+        target: str,
+        event: Mapping[str, Any],
+        stops: Mapping[str, Mapping[str, Any]],
     ) -> None:
         kind, _, who = label.partition(":")
         if kind == "recovery":
@@ -177,10 +186,14 @@ class Ledger:
         self._open[who] = Span(who, target, at, None)
         outage = self._outages.get(who)
         if name == "fail":
-            why = event.get("reason") or event.get("error") or event["kind"]
-            self.crashes.append(Mark(at, who, int(event.get("incarnation", 0)), str(why)))
+            stop = stops.get(who, {})
+            why = event.get("reason") or event.get("error") or stop.get("reason") or event["kind"]
+            inc = event.get("incarnation", stop.get("incarnation", 0))
+            self._crashes.append(Mark(at, who, int(inc), str(why)))
             if outage is None:
                 self._outages[who] = _Outage(at)
+            else:  # a restart failed: the path is decided again from here
+                outage.waited, outage.path = False, None
         elif outage is None:
             return
         elif name == "await_checkpoint":
@@ -191,7 +204,7 @@ class Ledger:
             outage.path = "cold"
         elif name == "admit":
             del self._outages[who]
-            self.recoveries.append(Recovery(who, outage.failed_at, at, outage.path or "cold"))
+            self._recoveries.append(Recovery(who, outage.failed_at, at, outage.path or "cold"))
         elif target in ("retired", "stopped"):
             del self._outages[who]
 
@@ -201,6 +214,29 @@ class Ledger:
     def exports(self) -> list[ExportSpan]:
         with self._lock:
             return [self._exports[v] for v in sorted(self._exports)]
+
+    @property
+    def syncs(self) -> list[tuple[float, int]]:
+        """(at, version) of every weight sync."""
+        with self._lock:
+            return list(self._syncs)
+
+    @property
+    def crashes(self) -> list[Mark]:
+        """Every failure of a group's process (a death, a failed start, a deadline)."""
+        with self._lock:
+            return list(self._crashes)
+
+    @property
+    def admissions(self) -> list[Mark]:
+        """Every route to a group (its registration too), with the version it serves."""
+        with self._lock:
+            return list(self._admissions)
+
+    @property
+    def recoveries(self) -> list[Recovery]:
+        with self._lock:
+            return list(self._recoveries)
 
     def spans(self, until: float | None = None) -> list[Span]:
         """Every group's states in time order; open spans end at ``until`` (or stay open)."""
@@ -227,7 +263,7 @@ class Ledger:
 
     def latencies(self, path: str) -> list[float]:
         with self._lock:
-            return [r.latency_s for r in self.recoveries if r.path == path]
+            return [r.latency_s for r in self._recoveries if r.path == path]
 
     def metrics(self, until: float | None = None) -> dict[str, float]:
         """Plain numbers for a trainer's logger, under ``recovery/``."""

@@ -140,7 +140,7 @@ class _Trainer:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.model.eval()
-        self.losses.append(float(loss))
+        self.losses.append(float(loss.detach()))
 
 
 class _Rollouts:

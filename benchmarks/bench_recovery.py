@@ -1,0 +1,177 @@
+"""Recovery latency, immediate vs the cold path, at three step lengths, next to its limit.
+
+    .venv/bin/python benchmarks/bench_recovery.py [--steps-s 4 16 48] [--trials 3]
+
+A local Ray cluster; two groups of one reference engine (the demo's "small" Llama, ~3M
+parameters). The trainer syncs a new version every step (one optimizer step, a push through
+the object store, an export). In each trial one group is killed at a seeded moment of a
+step, after that step's export committed; latency runs from the kill to the moment the group
+is routed again holding the fleet's current version. The immediate path boots from the
+committed checkpoint; the cold path (``immediate_recovery=False``, what frameworks do today)
+boots empty and serves after the next sync. Idle group-seconds per failure come from the
+journal (``Ledger``).
+
+The limit, measured in the same run: a fresh engine actor started and loading a committed
+checkpoint from the page cache (actor creation to load returned, split into the process
+coming up and the verified load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from transformers.utils import logging as hf_logging
+
+from recovery_fsm import RecoveryConfig
+from recovery_fsm import effects as fx
+from recovery_fsm.demo.run import DemoOptions, _Trainer, model_config
+from recovery_fsm.ray import RecoveryRuntime, ReferenceEngine
+
+
+class Clock:
+    """Router: when each group was last routed, and to which version."""
+
+    def __init__(self) -> None:
+        self.routed: dict[str, tuple[float, int, int]] = {}
+        self.cv = threading.Condition()
+
+    def __call__(self, effect: fx.RouteTraffic | fx.WithdrawTraffic) -> None:
+        if isinstance(effect, fx.RouteTraffic):
+            with self.cv:
+                self.routed[effect.group] = (time.monotonic(), effect.incarnation, effect.version)
+                self.cv.notify_all()
+
+    def routed_after(self, group: str, inc: int, timeout: float) -> tuple[float, int] | None:
+        """(when, version) once a process of ``group`` newer than ``inc`` is routed."""
+        with self.cv:
+            ok = self.cv.wait_for(
+                lambda: group in self.routed and self.routed[group][1] > inc, timeout
+            )
+            return (self.routed[group][0], self.routed[group][2]) if ok else None
+
+
+def run_path(work: Path, config: dict[str, Any], immediate: bool, step_s: float,
+             trials: int, seed: int) -> dict[str, Any]:  # fmt: skip
+    clock = Clock()
+    trainer = _Trainer(config, seed)
+    tag = f"{'immediate' if immediate else 'cold'}-{step_s:g}"
+    (work / tag).mkdir(parents=True)
+    rt = RecoveryRuntime(
+        work / tag / "ckpt", groups=["g0", "g1"], model_config=config,
+        config=RecoveryConfig(immediate_recovery=immediate, restart_budget=trials + 2),
+        journal=work / tag / "journal.jsonl", router=clock, tick_s=0.5,
+        probe_interval_s=1.0, probe_timeout_s=2.0, grace_s=10.0,
+    )  # fmt: skip
+    rng = random.Random(seed)
+    latencies: list[float] = []
+    stale = 0
+    with rt:
+        rt.start(trainer.model)
+        version = 0
+        for _ in range(trials):
+            version += 1
+            trainer.step()
+            rt.sync(trainer.model, version)  # step boundary
+            step_start = time.monotonic()
+            while rt.controller.checkpoint_state(version) != "ready":
+                time.sleep(0.01)
+            time.sleep(max(0.0, rng.uniform(0.1, 0.9) * step_s - (time.monotonic() - step_start)))
+            inc = rt.kill("g0")
+            killed = time.monotonic()
+            # The trainer keeps stepping on schedule until g0 serves again.
+            next_sync = step_start + step_s
+            while (got := clock.routed_after("g0", inc, next_sync - time.monotonic())) is None:
+                version += 1
+                trainer.step()
+                rt.sync(trainer.model, version)
+                next_sync += step_s
+            at, routed_version = got
+            latencies.append(at - killed)
+            stale += routed_version != rt.ledger.version
+            time.sleep(max(0.0, next_sync - time.monotonic()))  # finish the step
+        idle = rt.ledger.idle_group_seconds()
+        failures = len(rt.ledger.crashes)
+        path = str(rt.store.path_for(version)) if immediate else None
+    return {"latency": latencies, "idle_per_failure": idle / max(1, failures), "stale": stale,
+            "path_for_limit": path}  # fmt: skip
+
+
+def limit(work: Path, config: dict[str, Any], trials: int) -> tuple[list[float], list[float]]:
+    """A fresh engine booting a committed checkpoint that is in the page cache."""
+    from recovery_fsm.export import AsyncHFExporter
+
+    trainer = _Trainer(config, 0)
+    with AsyncHFExporter(work / "limit") as ex:
+        path = str(ex.export_model(1, trainer.model).result())
+    engine = ray.remote(concurrency_groups={"health": 1, "watch": 1})(ReferenceEngine)  # type: ignore[call-overload]
+    up: list[float] = []
+    total: list[float] = []
+    for i in range(trials + 1):
+        t0 = time.monotonic()
+        actor = engine.options(num_cpus=0.1).remote(config, "limit", i + 1)
+        ray.get(actor.ping.remote())
+        t1 = time.monotonic()
+        ray.get(actor.boot_from_checkpoint.remote(path))
+        t2 = time.monotonic()
+        ray.kill(actor)
+        if i:  # the first also warms the page cache and Ray's worker pool
+            up.append(t1 - t0)
+            total.append(t2 - t0)
+    return up, total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps-s", type=float, nargs="+", default=[4.0, 16.0, 48.0])
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--seed", type=int, default=0)
+    a = parser.parse_args()
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(1)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    work = Path(tempfile.mkdtemp(prefix="recovery-fsm-bench-recovery-"))
+    config = model_config(DemoOptions(model=a.model))
+    load = os.getloadavg()[0]
+    up, boot = limit(work, config, a.trials)
+    lim = statistics.median(boot)
+    print(f"machine: {os.cpu_count()} cores, load average {load:.2f} at start; model {a.model}")
+    print(f"limit (fresh engine + verified load from the page cache): median {lim:.2f} s "
+          f"(process up {statistics.median(up):.2f} s, load {lim - statistics.median(up):.2f} s;"
+          f" {len(boot)} boots)")  # fmt: skip
+    print()
+    print("| step length | path | kill to serving p50 | max | x limit | idle s per failure |")
+    print("|---|---|---|---|---|---|")
+    rows: dict[tuple[float, bool], dict[str, Any]] = {}
+    for step_s in a.steps_s:
+        for immediate in (True, False):
+            r = run_path(work, config, immediate, step_s, a.trials, a.seed)
+            rows[(step_s, immediate)] = r
+            p50 = statistics.median(r["latency"])
+            print(f"| {step_s:g} s | {'immediate' if immediate else 'cold'} | {p50:.2f} s | "
+                  f"{max(r['latency']):.2f} s | {p50 / lim:.2f}x | "
+                  f"{r['idle_per_failure']:.2f} |", flush=True)  # fmt: skip
+            if r["stale"]:
+                print(f"  !! {r['stale']} routes to a version other than the fleet's")
+    print()
+    for step_s in a.steps_s:
+        imm, cold = rows[(step_s, True)], rows[(step_s, False)]
+        saved = 1 - imm["idle_per_failure"] / cold["idle_per_failure"]
+        print(f"step {step_s:g} s: immediate idles {saved:.0%} less per failure than cold")
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
