@@ -17,8 +17,10 @@ from recovery_fsm.effects import (
     CancelExport,
     DeleteCheckpoint,
     Effect,
+    LoadCheckpoint,
     RestartCold,
     RestartFromCheckpoint,
+    RouteTraffic,
     StopGroup,
     WithdrawTraffic,
 )
@@ -51,10 +53,14 @@ def test_seed_race_delete_only_after_lease_released(driver: Driver) -> None:
     driver.export(2)
     assert c.checkpoint_state(1) == "superseded"
 
+    # It loaded v1 but the fleet is at v2: C(1) goes, and g1 loads C(2) in place (the same
+    # process, leased), instead of idling until the next sync.
     effects = driver.send(ev.RestartLoaded, "g1", 2)
-    assert effects == (DeleteCheckpoint(1, C1),)
+    assert effects == (DeleteCheckpoint(1, C1), LoadCheckpoint("g1", 2, 2, C2))
     assert c.checkpoint_state(1) == "deletable"
-    assert c.group_state("g1") == "pending_weights"  # loaded v1, fleet is at v2
+    assert c.group_state("g1") == "loading" and c.lease_of("g1") == Lease("g1", 2, 2, 2)
+    assert driver.send(ev.RestartLoaded, "g1", 2) == (RouteTraffic("g1", 2, 2),)
+    assert c.lease_of("g1") is None and c.checkpoints()[2].leases == 0
 
 
 def test_two_leases_both_must_be_released(driver: Driver) -> None:

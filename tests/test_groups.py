@@ -16,6 +16,7 @@ from recovery_fsm.effects import (
     CancelExport,
     DeleteCheckpoint,
     Effect,
+    LoadCheckpoint,
     RestartCold,
     RestartFromCheckpoint,
     RetireGroup,
@@ -268,11 +269,23 @@ def test_disabled_by_configuration_always_takes_the_cold_path() -> None:
     assert d.about(ev.GroupFailed, "g1") == (WithdrawTraffic("g1", 1), RestartCold("g1", 2))
 
 
-def test_registering_with_stale_weights_starts_pending(driver: Driver) -> None:
-    assert driver.send(ev.GroupRegistered, "g3", 0) == ()
-    assert driver.c.group_state("g3") == "pending_weights"
+def test_registering_with_stale_weights_loads_the_ready_checkpoint_in_place(
+    driver: Driver,
+) -> None:
+    assert driver.send(ev.GroupRegistered, "g3", 0) == (LoadCheckpoint("g3", 1, 1, C1),)
+    assert driver.c.group_state("g3") == "loading"
+    assert driver.send(ev.RestartLoaded, "g3", 1) == (RouteTraffic("g3", 1, 1),)
     assert driver.send(ev.GroupRegistered, "g4", 1) == (RouteTraffic("g4", 1, 1),)
     assert driver.c.group_state("g4") == "active"
+
+
+def test_registering_with_stale_weights_waits_for_a_sync_without_a_ready_checkpoint(
+    driver: Driver,
+) -> None:
+    driver.sync(2)  # C(2) is not written yet
+    assert driver.send(ev.GroupRegistered, "g3", 1) == ()
+    assert driver.c.group_state("g3") == "pending_weights"
+    assert driver.sync(3, ["g1", "g2", "g3"])[-1] == RouteTraffic("g3", 1, 3)
 
 
 def test_machine_guard_refuses_to_admit_a_stale_group() -> None:
@@ -415,7 +428,8 @@ def test_routing_demotion_of_a_suspect_group_withdraws_it(driver: Driver) -> Non
 
 def test_routing_shutdown_withdraws_every_serving_group(driver: Driver) -> None:
     driver.about(ev.ProbeFailed, "g2")
-    driver.send(ev.GroupRegistered, "g3", 0)  # pending: up but not routed
+    driver.sync(2, ["g1", "g2"])
+    driver.send(ev.GroupRegistered, "g3", 1)  # pending: up but not routed
     effects = driver.send(ev.Shutdown)
     assert effects == (
         WithdrawTraffic("g1", 1),
@@ -423,7 +437,6 @@ def test_routing_shutdown_withdraws_every_serving_group(driver: Driver) -> None:
         WithdrawTraffic("g2", 1),
         StopGroup("g2", 1, "shutdown"),
         StopGroup("g3", 1, "shutdown"),
-        DeleteCheckpoint(1, C1),
     )
 
 
@@ -486,18 +499,20 @@ def test_routing_router_driven_by_effects_alone_matches_the_serving_set() -> Non
     for name in ("g1", "g2", "g3"):
         d.send(ev.GroupRegistered, name, 0)  # routed at once
     d.step(1)
-    d.send(ev.GroupRegistered, "g4", 0)  # stale: not routed
+    d.send(ev.GroupRegistered, "g4", 0)  # stale: not routed; loads C(1) in place
+    d.about(ev.RestartLoaded, "g4")  # admitted
     d.send(ev.GroupRegistered, "g5", 1)  # current: routed
-    d.finish_deletes(d.sync(2, ["g1", "g2", "g4", "g5"]))  # g3 demoted, g4 admitted
+    d.finish_deletes(d.sync(2, ["g1", "g2", "g4", "g5"]))  # g3 demoted
     d.about(ev.ProbeFailed, "g1")  # suspect: stays routed
     d.about(ev.ProbeOk, "g1")
     d.about(ev.ProbeFailed, "g2")
     d.about(ev.ProbeFailed, "g2")  # threshold: failed, awaits C(2)
     assert d.c.group_state("g2") == "awaiting_checkpoint"
-    d.export(2)  # g2 boots from C(2)
+    d.export(2)  # g2 boots from C(2); the demoted g3 loads it in place
     d.about(ev.RestartLoaded, "g2")  # admitted after its load
+    d.about(ev.RestartLoaded, "g3")  # admitted again, same process
     d.about(ev.GroupFailed, "g1")  # loads C(2)
-    d.finish_deletes(d.sync(3))  # g3 (pending) admitted; g1 is loading, not listed
+    d.finish_deletes(d.sync(3))  # g1 is loading, not listed
     d.finish_deletes(d.about(ev.RestartLoaded, "g1"))  # loaded v2 at v3: pending
     assert d.c.group_state("g1") == "pending_weights"
     d.about(ev.GroupFailed, "g4")  # awaits C(3), which never comes
@@ -506,7 +521,10 @@ def test_routing_router_driven_by_effects_alone_matches_the_serving_set() -> Non
     d.about(ev.Relaunched, "g4")
     d.about(ev.ProbeFailed, "g5")
     d.finish_deletes(d.sync(4, ["g1", "g2", "g4"]))  # g1, g4 admitted; g3, suspect g5 demoted
-    d.export(4)
+    d.export(4)  # g3 and g5 load C(4) in place
+    assert {d.c.group_state(g) for g in ("g3", "g5")} == {"loading"}
+    d.about(ev.RestartLoaded, "g3")  # admitted again, same process
+    d.about(ev.RestartLoaded, "g5")
     d.about(ev.GroupFailed, "g2")  # second restart of g2: loads C(4)
     d.about(ev.RestartLoadFailed, "g2")  # its budget is spent: retired
     assert d.c.group_state("g2") == "retired"
@@ -709,13 +727,13 @@ def test_queries_up_groups_lists_only_processes_that_can_take_weights() -> None:
     d = Driver(RecoveryConfig(restart_budget=1), ["a", "b", "c", "d", "e", "f", "g"])
     d.step(1)
     d.about(ev.ProbeFailed, "a")  # suspect
-    d.send(ev.GroupRegistered, "p", 0)  # pending_weights
     d.about(ev.GroupFailed, "b")  # loading
     d.about(ev.GroupFailed, "c")
     d.about(ev.RestartLoadFailed, "c")  # retired
     d.about(ev.GroupFailed, "e")
     d.about(ev.RestartLoaded, "e")  # active again, incarnation 2
-    d.sync(2, ["a", "d", "e"])  # f, g demoted; p stays pending
+    d.sync(2, ["a", "d", "e"])  # f, g demoted
+    d.send(ev.GroupRegistered, "p", 1)  # pending_weights (C(2) is not ready)
     d.send(ev.ExportStarted, 2)
     d.about(ev.GroupFailed, "g")  # awaiting_checkpoint
     states = {n: v.state for n, v in d.c.groups().items()}

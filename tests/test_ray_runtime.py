@@ -206,11 +206,17 @@ def test_a_checkpoint_in_use_outlives_its_sync_and_stale_weights_never_serve(
         wait_for(lambda: rt.controller.checkpoint_state(2) == "ready", what="export of v2")
         # Superseded, but its load still reads it: not deleted.
         assert rt.controller.checkpoint_state(1) == "superseded" and step_1.is_dir()
-        wait_for(lambda: rt.controller.group_state("g0") != "loading", what="the load ends")
         wait_for(lambda: not step_1.exists(), what="v1 deleted once its lease is released")
-        # It loaded v1 after the fleet moved to v2: never routed on v1.
+        # It loaded v1 after the fleet moved to v2: never routed on v1. Instead of idling
+        # until the next sync, the same process loads C(2) in place and serves v2.
+        wait_for(lambda: rt.routes.get("g0") == (2, 2), what="g0 caught up from C(2)")
         assert not [e for e in routed if e.group == "g0" and e.incarnation == 2
                     and getattr(e, "version", None) == 1]  # fmt: skip
+        out = rt.generate("g0", [3])
+        assert (out.version, out.incarnation) == (2, 2)
+        records = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
+        loads = [f for r in records for f in r.get("effects", ()) if f["kind"] == "LoadCheckpoint"]
+        assert [(f["group"], f["incarnation"], f["version"]) for f in loads] == [("g0", 2, 2)]
         step(model)
         assert rt.sync(model, 3).get("g0") == rt.controller.incarnation("g0")
         assert rt.generate("g0", [3]).version == 3

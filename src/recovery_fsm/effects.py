@@ -32,6 +32,19 @@ class RestartFromCheckpoint(Effect):
 
 
 @attrs.frozen
+class LoadCheckpoint(Effect):
+    """The running process ``incarnation`` of ``group`` holds older weights (its restart
+    finished after a sync): load ``path`` (weights of ``version``) into it, without a new
+    process. Report RestartLoaded or RestartLoadFailed for that incarnation; the checkpoint
+    is leased until then, as for a restart."""
+
+    group: str
+    incarnation: int
+    version: int
+    path: str
+
+
+@attrs.frozen
 class RestartCold(Effect):
     """Start incarnation ``incarnation`` of ``group`` without weights; report Relaunched or
     RelaunchFailed for it."""

@@ -8,8 +8,9 @@ it. Because the journal is its only input, a production journal gives the same f
 the same picture as the demo. It decides nothing and touches no file.
 
 Recovery paths: ``immediate`` booted from the checkpoint that was ready when the group
-failed, ``waited`` waited for the export being written and then booted from it, ``cold``
-started without weights and was admitted by a later sync. An outage runs from the group's
+failed (and, if a sync landed during that load, loaded the next one in place), ``waited``
+waited for the export being written (or came up cold) and then loaded it, ``cold`` started
+without weights and was admitted by a later sync. An outage runs from the group's
 first failure to its admission, across any restarts that failed in between; the path is the
 one of the start that was admitted.
 """
@@ -200,6 +201,8 @@ class Ledger:
             outage.waited = True
         elif name == "load":
             outage.path = "waited" if outage.waited else "immediate"
+        elif name == "reload" and outage.path in (None, "cold"):
+            outage.path = "waited"  # came up cold, then loaded C(v) once it was ready
         elif name == "relaunch":
             outage.path = "cold"
         elif name == "admit":

@@ -117,6 +117,8 @@ class WorkerGroupMachine(StateMachine):
     relaunch = failed.to(relaunching) | awaiting_checkpoint.to(relaunching)
     loaded_stale = loading.to(pending_weights)
     relaunched = relaunching.to(pending_weights)
+    # A process that holds older weights loads the current checkpoint without a restart.
+    reload = pending_weights.to(loading)
     # Re-admission is guarded: only a group holding the fleet's current weights serves.
     admit = loading.to(active, cond="serves_current") | pending_weights.to(
         active, cond="serves_current"

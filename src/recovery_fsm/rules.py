@@ -12,7 +12,9 @@ version v, and through leases:
 * A worker group runs one process at a time; each start of it is an *incarnation* numbered
   by these rules. A start from C(v) holds a lease on C(v) until that incarnation's outcome is
   reported (or it is reported dead). Only a process holding the fleet's version serves.
-* A group's immediate-recovery switch decides between booting from C(v) and a cold start.
+* A group's immediate-recovery switch decides between booting from C(v) and a cold start,
+  and whether a process up with older weights loads C(v) in place rather than waiting for
+  the next sync.
 
 One line per event (``on_<Event>`` below, in this order):
 
@@ -23,8 +25,9 @@ One line per event (``on_<Event>`` below, in this order):
   current one now holds v (a pending one is admitted); a serving group not so listed is
   demoted. A group awaiting the previous checkpoint goes cold.
 * ExportStarted(v)          C(v) is being written (v current, once per version).
-* ExportCommitted(v, path)  C(v) is ready and wakes every group awaiting it; a late commit of
-  an abandoned export is deleted at once unless pinned. A path in use is refused.
+* ExportCommitted(v, path)  C(v) is ready and wakes every group awaiting it, and every up
+  group holding older weights loads it in place (``_catch_up``); a late commit of an
+  abandoned export is deleted at once unless pinned. A path in use is refused.
 * ExportFailed / ExportCancelled(v)  C(v) is gone; groups awaiting it go cold.
 * CheckpointPinned(v)       the user keeps C(v): it is never deleted (refused once a stale
   export was asked to stop).
@@ -39,9 +42,11 @@ One line per event (``on_<Event>`` below, in this order):
 * GroupFailed(g, i)         incarnation i is dead: its lease (if loading) ends with it, and a
   death while loading is a failed immediate restart (recovery cools).
 * RestartLoaded(g, i)       its load finished: the lease is released (which may reap C); it
-  serves if it loaded the fleet's version, else it waits for the next sync.
+  serves if it loaded the fleet's version, else it catches up from C(v) if that is ready
+  (``LoadCheckpoint``, same process) or waits for the next sync.
 * RestartLoadFailed(g, i)   the lease is released, recovery cools, the group has failed.
-* Relaunched / RelaunchFailed(g, i)  a cold start came up (waits for weights) or failed.
+* Relaunched / RelaunchFailed(g, i)  a cold start came up (catches up from a ready C(v) if
+  its switch is enabled, else waits for weights) or failed.
 
 A failed group (``_fail``) is retired once its restart budget is spent; otherwise it boots
 from C(v) if that is ready and its switch is enabled, waits if C(v) is being written (or
@@ -335,6 +340,8 @@ class Rules:
         elif ck.record.state == "ready":
             for g in self._awaiting():
                 self._restart_from(g, ck)
+            for g in list(self.groups.values()):
+                self._catch_up(g)
 
     def on_ExportFailed(self, e: ev.ExportFailed) -> None:
         self._end_export(self._require_checkpoint(e, e.version, "fail"), "fail")
@@ -414,6 +421,8 @@ class Rules:
         self.transitions.append((f"group:{e.group}", "create", "", start))
         if start == "active":
             self._emit(fx.RouteTraffic(e.group, record.incarnation, e.version))
+        else:
+            self._catch_up(self.groups[e.group])
 
     def on_ProbeFailed(self, e: ev.ProbeFailed) -> None:
         g = self._current(e, SERVING)
@@ -450,7 +459,11 @@ class Rules:
         lease = self._end_start(g)
         assert lease is not None
         g.record.version = lease.version
-        self._fire_group(g, "admit" if g.record.serves_current else "loaded_stale")
+        if g.record.serves_current:
+            self._fire_group(g, "admit")
+        else:  # a sync landed during the load: catch up from its checkpoint if ready
+            self._fire_group(g, "loaded_stale")
+            self._catch_up(g)
 
     def on_RestartLoadFailed(self, e: ev.RestartLoadFailed) -> None:
         g = self._current(e, LOADING)
@@ -467,6 +480,7 @@ class Rules:
         self._end_start(g)
         g.record.version = None
         self._fire_group(g, "relaunched")
+        self._catch_up(g)
 
     def on_RelaunchFailed(self, e: ev.RelaunchFailed) -> None:
         g = self._current(e, RELAUNCHING)
@@ -530,6 +544,27 @@ class Rules:
         ck.record.leases += 1
         self._fire_group(g, "load")
         self._emit(fx.RestartFromCheckpoint(r.name, r.incarnation, lease.version, ck.record.path))
+
+    def _catch_up(self, g: _Group) -> None:
+        """A process up with older weights (or none) loads C(v) in place, without a restart,
+        once C(v) is ready and its switch allows loading from checkpoints; leased as a
+        restart's load is. Otherwise it waits for the next sync's push."""
+        r = g.record
+        ck = self.checkpoints.get(self.fleet.version)
+        if (
+            r.state != "pending_weights"
+            or g.recovery.state != "enabled"
+            or ck is None
+            or ck.record.state != "ready"
+        ):
+            return
+        assert ck.record.path is not None
+        lease = Lease(r.name, r.incarnation, ck.record.version, self.fleet.version)
+        self.starts[(r.name, r.incarnation)] = Start("load", lease)
+        ck.record.leases += 1
+        r.since = self.now
+        self._fire_group(g, "reload")
+        self._emit(fx.LoadCheckpoint(r.name, r.incarnation, lease.version, ck.record.path))
 
     def _relaunch(self, g: _Group) -> None:
         r = self._next_incarnation(g)

@@ -225,7 +225,11 @@ class EffectRunner:
                 _kill(self._rt._actors.take(g))
             case fx.CancelExport(version=v):
                 self._rt.exporter.cancel(v)
-            case fx.RestartFromCheckpoint(group=g) | fx.RestartCold(group=g):
+            case (
+                fx.RestartFromCheckpoint(group=g)
+                | fx.LoadCheckpoint(group=g)
+                | fx.RestartCold(group=g)
+            ):
                 self._queue(f"group:{g}", effect)
             case fx.DeleteCheckpoint(version=v):
                 self._queue(f"checkpoint:{v}", effect)
@@ -262,6 +266,7 @@ class EffectRunner:
         match effect:
             case (
                 fx.RestartFromCheckpoint(group=g, incarnation=inc)
+                | fx.LoadCheckpoint(group=g, incarnation=inc)
                 | fx.RestartCold(group=g, incarnation=inc)
             ):
                 try:
@@ -270,9 +275,9 @@ class EffectRunner:
                     log.exception("starting %r raised", effect)
                     _kill(self._rt._actors.take(g, inc))
                     failed = (
-                        ev.RestartLoadFailed
-                        if isinstance(effect, fx.RestartFromCheckpoint)
-                        else ev.RelaunchFailed
+                        ev.RelaunchFailed
+                        if isinstance(effect, fx.RestartCold)
+                        else ev.RestartLoadFailed
                     )
                     self._rt._report(failed, group=g, incarnation=inc,
                                      error=f"{type(err).__name__}: {err}"[:500])  # fmt: skip
@@ -282,11 +287,16 @@ class EffectRunner:
     def _start(self, effect: fx.Effect) -> None:
         rt = self._rt
         match effect:
-            case fx.RestartFromCheckpoint(group=g, incarnation=inc, path=path):
+            case (
+                fx.RestartFromCheckpoint(group=g, incarnation=inc, path=path)
+                | fx.LoadCheckpoint(group=g, incarnation=inc, path=path)
+            ):
+                # A restart boots new actors; a load in place uses the running ones.
+                start = rt._boot if isinstance(effect, fx.RestartFromCheckpoint) else rt._call_all
                 with rt._stats_lock:
                     rt._loading[path] += 1
                 try:
-                    outcome = rt._boot(g, inc, lambda a: a.boot_from_checkpoint.remote(path))
+                    outcome = start(g, inc, lambda a: a.boot_from_checkpoint.remote(path))
                 finally:
                     with rt._stats_lock:
                         rt._loading[path] -= 1

@@ -155,6 +155,26 @@ class MissKeepsStreak(Rules):
             super()._cool(g)
 
 
+class NoCatchUp(Rules):
+    """A process that came up with older weights waits for the next sync, though the
+    current checkpoint is ready (the group idles up to a whole step)."""
+
+    def _catch_up(self, g: _Group) -> None:
+        pass
+
+
+class CatchUpWhileCooling(Rules):
+    """Loads the current checkpoint in place even while immediate recovery cools down."""
+
+    def _catch_up(self, g: _Group) -> None:
+        state = g.recovery.state
+        g.recovery.state = "enabled"  # a flag read instead of the switch
+        try:
+            super()._catch_up(g)
+        finally:
+            g.recovery.state = state
+
+
 MUTANTS: dict[str, type[Rules]] = {
     "delete-ignoring-leases": DeleteIgnoringLeases,
     "ready-before-commit": ReadyBeforeCommit,
@@ -167,4 +187,6 @@ MUTANTS: dict[str, type[Rules]] = {
     "demote-silently": DemoteSilently,
     "no-load-deadline": NoLoadDeadline,
     "miss-keeps-streak": MissKeepsStreak,
+    "no-catch-up": NoCatchUp,
+    "catch-up-while-cooling": CatchUpWhileCooling,
 }

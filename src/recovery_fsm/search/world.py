@@ -207,6 +207,8 @@ class World:
     def _effect(self, f: fx.Effect, out: list[str]) -> None:
         if isinstance(f, fx.RestartFromCheckpoint):
             self._restart_from(f, out)
+        elif isinstance(f, fx.LoadCheckpoint):
+            self._load_in_place(f, out)
         elif isinstance(f, fx.RestartCold):
             p = self._start(f.group, f.incarnation, "cold restart", out)
             if self.recovery[f.group].state == "enabled" and self._current_ready():
@@ -257,22 +259,42 @@ class World:
         return p
 
     def _restart_from(self, f: fx.RestartFromCheckpoint, out: list[str]) -> None:
-        if f.path not in self.disk:
-            out.append(f"group {f.group} restarts from {f.path}, which is not a checkpoint on disk")
-        elif self.disk[f.path] != f.version:
-            out.append(f"{f.path} holds version {f.version}, not {self.disk[f.path]}")
-        if f.path in self.deleting:
-            out.append(f"group {f.group} restarts from {f.path}, whose delete is under way")
-        if f.version != self.fleet:
-            out.append(f"group {f.group} restarts from version {f.version}; fleet is {self.fleet}")
-        if self.recovery[f.group].state != "enabled":
-            out.append(
-                f"group {f.group} restarts from a checkpoint while its immediate recovery "
-                f"is {self.recovery[f.group].state}"
-            )
+        self._check_source(f, out)
         p = self._start(f.group, f.incarnation, "restart", out)
         p.status, p.via = "loading", "immediate"
         self.loads[(f.group, f.incarnation)] = Load(f.path, f.version)
+
+    def _load_in_place(self, f: fx.LoadCheckpoint, out: list[str]) -> None:
+        """The running process loads the current checkpoint: no restart, no budget."""
+        self._check_source(f, out)
+        p = self.procs[f.group]
+        if p.incarnation != f.incarnation or p.status != "up" or p.holds == self.fleet:
+            out.append(
+                f"{f.group}#{f.incarnation} asked to load C({f.version}) in place, but its "
+                f"process #{p.incarnation} is {p.status} holding version {p.holds}"
+            )
+        if self.routed.get(f.group) is not None:
+            out.append(f"{f.group} loads in place while the router sends it traffic")
+        p.status, p.since = "loading", self.now
+        self.loads[(f.group, f.incarnation)] = Load(f.path, f.version)
+
+    def _check_source(
+        self, f: fx.RestartFromCheckpoint | fx.LoadCheckpoint, out: list[str]
+    ) -> None:
+        """A load may read only the fleet's committed checkpoint, under an enabled switch."""
+        if f.path not in self.disk:
+            out.append(f"group {f.group} loads {f.path}, which is not a checkpoint on disk")
+        elif self.disk[f.path] != f.version:
+            out.append(f"{f.path} holds version {f.version}, not {self.disk[f.path]}")
+        if f.path in self.deleting:
+            out.append(f"group {f.group} loads {f.path}, whose delete is under way")
+        if f.version != self.fleet:
+            out.append(f"group {f.group} loads version {f.version}; fleet is {self.fleet}")
+        if self.recovery[f.group].state != "enabled":
+            out.append(
+                f"group {f.group} loads a checkpoint while its immediate recovery "
+                f"is {self.recovery[f.group].state}"
+            )
 
     def _route(self, f: fx.RouteTraffic, out: list[str]) -> None:
         p = self.procs[f.group]
@@ -377,6 +399,12 @@ class World:
             expected = self.recovery[name].state
             if g.recovery != expected:
                 out.append(f"immediate recovery of {name} is {g.recovery}, expected {expected}")
+            stale = p.status == "up" and p.holds != self.fleet and not self.closed
+            if stale and expected == "enabled" and self._current_ready():
+                out.append(
+                    f"group {name} holds version {p.holds} though C({self.fleet}) is "
+                    "committed: it should load it in place"
+                )
             if p.status == "down" and expected == "enabled":
                 if self._current_ready():
                     out.append(f"group {name} still waits though C({self.fleet}) is committed")
