@@ -167,7 +167,9 @@ def test_a_short_seeded_demo_and_its_baseline_report_zeros_and_replay_clean(
     for report in outcome.reports:
         assert set(report.safety.values()) == {0}
         assert report.replay_ok
-        assert report.failures_injected >= len(incidents)
+        # An incident finds no serving group only when every group is recovering.
+        assert report.incidents_skipped < len(incidents)
+        assert report.failures_injected >= len(incidents) - report.incidents_skipped
         assert report.tokens > 0
     assert sum(immediate.recoveries[p] for p in ("immediate", "waited")) >= 1
     assert cold.recoveries["immediate"] == cold.recoveries["waited"] == 0

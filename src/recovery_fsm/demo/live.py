@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from .report import Report, rows
+from .report import SAFETY, Report, rows
 
 COLOURS = {
     "active": "green", "suspect": "yellow", "failed": "bold red", "awaiting_checkpoint": "magenta",
@@ -76,8 +76,10 @@ class Display:
         header, *body = rows(reports)
         for i, cell in enumerate(header):
             table.add_column(cell or "", justify="left" if i == 0 else "right")
+        safety = False
         for r in body:
-            bad = r[0].startswith("SAFETY") and any(x != "0" for x in r[1:])
+            safety = safety or r[0] == SAFETY
+            bad = safety and r[0] != SAFETY and any(x != "0" for x in r[1:])
             table.add_row(*r, style="bold red" if bad else None)
         self.console.print(table)
 

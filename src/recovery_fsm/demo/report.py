@@ -20,6 +20,7 @@ class Report:
     label: str
     failures_injected: int
     injected_by_kind: dict[str, int]
+    incidents_skipped: int  # planned, but no group was serving at the time
     failures_seen: int  # fail transitions in the journal (a death while loading is one more)
     recoveries: dict[str, int]
     p50_s: dict[str, float]
@@ -63,6 +64,7 @@ def summarize(result: RunResult) -> Report:
         label="immediate recovery" if result.immediate else "cold path (baseline)",
         failures_injected=len(result.counters.killed),
         injected_by_kind=dict(kinds),
+        incidents_skipped=len(result.counters.skipped),
         failures_seen=len(ledger.crashes),
         recoveries={p: len(v) for p, v in lat.items()},
         p50_s={p: percentile(v, 50) for p, v in lat.items()},
@@ -94,6 +96,9 @@ def _fmt(x: float) -> str:
     return "-" if math.isnan(x) else f"{x:.2f} s"
 
 
+SAFETY = "safety (each must be 0)"
+
+
 def rows(reports: Sequence[Report]) -> list[tuple[str, ...]]:
     """The report as (what, value per run) rows, for a table or plain text."""
     out: list[tuple[str, ...]] = [("", *(r.label for r in reports))]
@@ -102,12 +107,11 @@ def rows(reports: Sequence[Report]) -> list[tuple[str, ...]]:
         out.append((name, *values))
 
     row("wall time", [f"{r.wall_s:.0f} s" for r in reports])
-    row("failures injected", [
-        f"{r.failures_injected} ("
-        + ", ".join(f"{k} {n}" for k, n in sorted(r.injected_by_kind.items())) + ")"
-        for r in reports
-    ])  # fmt: skip
-    row("failures seen (incl. deaths while loading)", [str(r.failures_seen) for r in reports])
+    row("failures injected", [str(r.failures_injected) for r in reports])
+    for kind in sorted({k for r in reports for k in r.injected_by_kind}):
+        row(f"  {kind}", [str(r.injected_by_kind.get(kind, 0)) for r in reports])
+    row("  skipped (no group serving)", [str(r.incidents_skipped) for r in reports])
+    row("failures seen (all causes)", [str(r.failures_seen) for r in reports])
     for p in PATHS:
         row(f"recovered: {p}", [str(r.recoveries[p]) for r in reports])
         row(f"  latency p50 / p95 ({p})",
@@ -117,10 +121,12 @@ def rows(reports: Sequence[Report]) -> list[tuple[str, ...]]:
     row("  per failure injected", [f"{r.idle_per_failure_s:.1f}" for r in reports])
     row("cooldown entries", [str(r.cooldown_entries) for r in reports])
     row("tokens generated", [f"{r.tokens} in {r.requests} requests" for r in reports])
+    row(SAFETY, ["" for _ in reports])
     for name in reports[0].safety:
-        row(f"SAFETY {name} (must be 0)", [str(r.safety[name]) for r in reports])
-    row("journal replayed through the world model",
-        [("clean: " if r.replay_ok else "FAILED: ") + r.replay_summary.splitlines()[0]
+        row(f"  {name}", [str(r.safety[name]) for r in reports])
+    row("journal replayed (world model)",
+        [("clean, " if r.replay_ok else "FAILED, ")
+         + r.replay_summary.splitlines()[0].split(" through")[0].removeprefix("replayed ")
          for r in reports])  # fmt: skip
     return out
 

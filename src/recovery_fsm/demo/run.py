@@ -86,6 +86,7 @@ class Counters:
     stale_serves: int = 0  # answers from weights older than the group was admitted with
     stale_admissions: int = 0  # admitted while the process held other weights
     killed: list[tuple[float, str, str]] = attrs.Factory(list)  # (monotonic, group, kind)
+    skipped: list[tuple[int, str]] = attrs.Factory(list)  # (step, kind): no group served
 
 
 
@@ -226,7 +227,10 @@ class _Chaos:
         """Right after the sync to ``version``: its export is being written now."""
         incident = self.by_step.get(version)
         if incident is not None and incident.kind == "export":
-            self._kill(self._serving(incident.target), "export", "while its export is written")
+            group = self._serving(incident.target)
+            if group is None:  # every group is recovering: nothing to kill now
+                self.counters.skipped.append((version, incident.kind))
+            self._kill(group, "export", "while its export is written")
 
     def join(self, timeout: float = 90) -> None:
         """Let the incidents under way finish, then refuse new ones."""
@@ -238,13 +242,16 @@ class _Chaos:
     def _run(self, incident: Incident, step_s: float) -> None:
         if self.closing.wait(incident.offset * step_s):
             return
-        first = self._serving(incident.target)
+        first = self._wait_serving(incident.target)
         kind = incident.kind
-        if kind == "idle":
+        if first is None:
+            self.counters.skipped.append((incident.step, kind))
+        elif kind == "idle":
             self._kill(first, kind, "while serving")
         elif kind == "double":
+            second = self._serving(incident.target + 1, besides=first)
             self._kill(first, kind, "two at once")
-            self._kill(self._serving(incident.target + 1), kind, "two at once")
+            self._kill(second, kind, "two at once")
         elif kind == "loading":  # a restart dies while it loads
             if self._kill(first, kind, "to restart it") and self._restarted(first, STARTING):
                 self._kill(first, kind, "while its restart loads")
@@ -255,13 +262,22 @@ class _Chaos:
                 if not self._restarted(first, STARTING | UP) or self.closing.wait(0.5):
                     return
 
-    def _serving(self, index: int) -> str | None:
+    def _serving(self, index: int, besides: str | None = None) -> str | None:
+        """The first serving group from ``index`` on (another than ``besides``)."""
         groups = self.rt.groups
         for k in range(len(groups)):
             g = groups[(index + k) % len(groups)]
-            if self.rt.controller.group_state(g) in SERVING:
+            if g != besides and self.rt.controller.group_state(g) in SERVING:
                 return g
         return None
+
+    def _wait_serving(self, index: int, timeout: float = 30) -> str | None:
+        """A serving group to hurt; if all are recovering, wait for one (up to ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while (group := self._serving(index)) is None and time.monotonic() < deadline:
+            if self.closing.wait(0.05):
+                return None
+        return group
 
     def _restarted(self, group: str | None, states: frozenset[str], timeout: float = 30) -> bool:
         """Wait until a newer process of ``group`` than the one just killed is in ``states``."""
