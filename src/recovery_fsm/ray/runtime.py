@@ -614,17 +614,20 @@ class RecoveryRuntime:
         *,
         pinned: bool = False,
         config: Any = None,
+        tokenizer: Any = None,
     ) -> ExportHandle:
         """Report that ``groups`` (name -> incarnation) took ``version``, then export it as
-        its recovery checkpoint (``pinned``: never deleted). ``model`` is a transformers
-        model, or full weights in the hub layout (gathered from FSDP or Megatron shards)
-        with their ``config``."""
+        its recovery checkpoint (``pinned``: never deleted; ``tokenizer``: saved beside it).
+        ``model`` is a transformers model, or full weights in the hub layout (gathered from
+        FSDP or Megatron shards) with their ``config``."""
         if self.exporter.closed:
             raise ExporterClosed(f"synced({version}) after the runtime's exporter was closed")
         self._report(ev.WeightsSynced, version=version, groups=dict(groups))
         if isinstance(model, Mapping):
-            return self.exporter.export(version, model, config=config, pinned=pinned)
-        return self.exporter.export_model(version, model, pinned=pinned)
+            return self.exporter.export(
+                version, model, config=config, pinned=pinned, tokenizer=tokenizer
+            )
+        return self.exporter.export_model(version, model, pinned=pinned, tokenizer=tokenizer)
 
     def generate(self, group: str, prompt: list[int], max_new_tokens: int = 8) -> Any:
         """Generate on the group's first actor (its current process)."""

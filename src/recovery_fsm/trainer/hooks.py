@@ -53,6 +53,7 @@ class Runtime(Protocol):
         *,
         pinned: bool = False,
         config: Any = None,
+        tokenizer: Any = None,
     ) -> ExportHandle: ...
 
     def close(self) -> bool: ...
@@ -144,13 +145,14 @@ class RecoveryHooks:
         *,
         hf_save: bool = False,
         config: Any = None,
+        tokenizer: Any = None,
     ) -> ExportHandle:
         """Call once ``groups`` (name -> incarnation) hold ``version``: reports the sync and
         starts the asynchronous export of ``model`` (a transformers model, or full weights in
         the hub layout with their ``config``). With ``hf_save`` that export is also the
         trainer's Hugging Face save of ``version`` and is never deleted; its handle resolves
-        to the directory. A push that failed needs no call: the next ``before_weight_sync``
-        starts over."""
+        to the directory (``tokenizer``, if given, is saved in it too). A push that failed
+        needs no call: the next ``before_weight_sync`` starts over."""
         with self._lock:
             self._check_open()
             if self._announced != version:
@@ -160,7 +162,9 @@ class RecoveryHooks:
                 )
         start = self._clock()
         try:
-            handle = self.runtime.synced(version, groups, model, pinned=hf_save, config=config)
+            handle = self.runtime.synced(
+                version, groups, model, pinned=hf_save, config=config, tokenizer=tokenizer
+            )
         finally:
             self._stalled(self._clock() - start)
         with self._lock:
