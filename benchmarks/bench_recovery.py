@@ -34,7 +34,7 @@ from transformers.utils import logging as hf_logging
 
 from recovery_fsm import RecoveryConfig
 from recovery_fsm import effects as fx
-from recovery_fsm.demo.run import DemoOptions, _Trainer, model_config
+from recovery_fsm.demo.run import DemoOptions, SyntheticTrainer, model_config
 from recovery_fsm.ray import RecoveryRuntime, ReferenceEngine
 
 
@@ -63,7 +63,7 @@ class Clock:
 def run_path(work: Path, config: dict[str, Any], immediate: bool, step_s: float,
              trials: int, seed: int) -> dict[str, Any]:  # fmt: skip
     clock = Clock()
-    trainer = _Trainer(config, seed)
+    trainer = SyntheticTrainer(config, seed)
     tag = f"{'immediate' if immediate else 'cold'}-{step_s:g}"
     (work / tag).mkdir(parents=True)
     rt = RecoveryRuntime(
@@ -74,7 +74,6 @@ def run_path(work: Path, config: dict[str, Any], immediate: bool, step_s: float,
     )  # fmt: skip
     latencies: list[float] = []
     limits: list[tuple[float, float]] = []
-    stale = 0
     with rt:
         rt.start(trainer.model)
         version = 1
@@ -102,13 +101,12 @@ def run_path(work: Path, config: dict[str, Any], immediate: bool, step_s: float,
                 trainer.step()
                 rt.sync(trainer.model, version)
                 next_sync += step_s
-            at, routed_version = got
+            at, _ = got
             latencies.append(at - killed)
-            stale += routed_version != rt.ledger.version
             time.sleep(max(0.0, next_sync - time.monotonic()))  # finish the step
         idle = rt.ledger.idle_group_seconds()
         failures = len(rt.ledger.crashes)
-    return {"latency": latencies, "idle_per_failure": idle / max(1, failures), "stale": stale,
+    return {"latency": latencies, "idle_per_failure": idle / max(1, failures),
             "limit": limits}  # fmt: skip
 
 
@@ -160,8 +158,6 @@ def main() -> None:
             print(f"| {step_s:g} s | {'immediate' if immediate else 'cold'} | {p50:.2f} s | "
                   f"{max(r['latency']):.2f} s | {lim:.2f} s ({up:.2f} + {lim - up:.2f}) | "
                   f"{p50 / lim:.2f}x | {r['idle_per_failure']:.2f} |", flush=True)  # fmt: skip
-            if r["stale"]:
-                print(f"  !! {r['stale']} routes to a version other than the fleet's")
     print()
     for step_s in a.steps_s:
         imm, cold = rows[(step_s, True)], rows[(step_s, False)]

@@ -122,16 +122,15 @@ def test_metrics_are_recoverys_own_and_off_the_sync_timer(tmp_path: Path) -> Non
     rt = runtime(tmp_path, exporter_options={"opener": slow_opener(0.5)})
     with rt, RecoveryHooks(rt) as hooks:
         rt.start(model)
-        t0 = time.monotonic()
         handle = sync(hooks, rt, model, 1)
-        in_hooks = time.monotonic() - t0
         assert not handle.done()
         assert hooks.before_weight_sync(2) == "missed"  # v1 still being written
         hooks.after_weight_sync(2, model, rt.push(model, 2))
         m = hooks.metrics()
         assert all(k.startswith("recovery/") for k in m)
         assert m["recovery/syncs_missed"] == 1 and m["recovery/syncs_clean"] == 0
-        assert m["recovery/export_stall_total_s"] < 1.0 < in_hooks + 1.0
+        # Less than one file's delay in the hooks: they never waited for a write.
+        assert m["recovery/export_stall_total_s"] < 0.5
         rt.exporter.close()  # flush v2
         m = hooks.metrics()
         assert m["recovery/export_duration_s"] >= 1.0  # two files, each opened 0.5 s late

@@ -104,7 +104,6 @@ class Ledger:
         self._admissions: list[Mark] = []
         self._recoveries: list[Recovery] = []
         self.cooldowns = 0  # entries of an immediate-recovery switch into cooldown
-        self.stale_admissions = 0  # routes to a version other than the fleet's
         self.refused = 0  # records of refused events
         self._outages: dict[str, _Outage] = {}
         for record in records:
@@ -162,8 +161,6 @@ class Ledger:
                 self._admissions.append(
                     Mark(at, effect["group"], int(effect["incarnation"]), str(effect["version"]))
                 )
-                if int(effect["version"]) != self.version:
-                    self.stale_admissions += 1
 
     def _transition(
         self,
@@ -274,7 +271,6 @@ class Ledger:
             "recovery/failures": float(len(self.crashes)),
             "recovery/idle_group_s": self.idle_group_seconds(until),
             "recovery/cooldown_entries": float(self.cooldowns),
-            "recovery/stale_admissions": float(self.stale_admissions),
         }
         for path in PATHS:
             lat = self.latencies(path)

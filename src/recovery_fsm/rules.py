@@ -40,7 +40,8 @@ One line per event (``on_<Event>`` below, in this order):
 * ProbeFailed / ProbeOk     a serving group turns suspect; at the threshold it has failed and
   its process is stopped.
 * GroupFailed(g, i)         incarnation i is dead: its lease (if loading) ends with it, and a
-  death while loading is a failed immediate restart (recovery cools).
+  death while loading (a restart, or a load in place) is a failed load from the checkpoint
+  (recovery cools).
 * RestartLoaded(g, i)       its load finished: the lease is released (which may reap C); it
   serves if it loaded the fleet's version, else it catches up from C(v) if that is ready
   (``LoadCheckpoint``, same process) or waits for the next sync.

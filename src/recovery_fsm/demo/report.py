@@ -51,9 +51,9 @@ def summarize(result: RunResult) -> Report:
     lat = {p: ledger.latencies(p) for p in PATHS}
     check = replay(result.journal)
     safety = {
-        "stale admissions": ledger.stale_admissions + result.counters.stale_admissions,
+        "stale admissions": result.counters.stale_admissions,
         "stale answers served": result.counters.stale_serves,
-        "loads from deleted paths": stats.loads_from_deleted + len(result.load_errors),
+        "loads from deleted paths": stats.loads_from_deleted,
         "leaked checkpoint directories": len(result.leaked),
         "lost effects": (
             len(result.outstanding) + stats.lost_reports + stats.failed_deletes

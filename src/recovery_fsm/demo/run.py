@@ -83,8 +83,9 @@ class Counters:
 
     tokens: int = 0
     requests: int = 0
-    stale_serves: int = 0  # answers from weights older than the group was admitted with
-    stale_admissions: int = 0  # admitted while the process held other weights
+    # Answers from weights older than the controller says that process holds when asked.
+    stale_serves: int = 0
+    stale_admissions: int = 0  # routed while the process held older weights than routed
     killed: list[tuple[float, str, str]] = attrs.Factory(list)  # (monotonic, group, kind)
     skipped: list[tuple[int, str]] = attrs.Factory(list)  # (step, kind): no group served
 
@@ -104,7 +105,6 @@ class RunResult:
     link_errors: int
     leaked: list[str]  # checkpoint directories left that nobody keeps
     kept: list[str]  # HF saves, kept on purpose
-    load_errors: list[str]  # restarts that failed because their files were gone
     wall_s: float
     losses: list[float]
 
@@ -120,7 +120,7 @@ def model_config(options: DemoOptions) -> dict[str, Any]:
     ).to_dict()  # fmt: skip
 
 
-class _Trainer:
+class SyntheticTrainer:
     """Real optimizer steps on a fixed synthetic corpus: each sequence counts up mod vocab."""
 
     def __init__(self, config: dict[str, Any], seed: int) -> None:
@@ -178,7 +178,10 @@ class _Rollouts:
                 continue
             inc, version = admitted
             actors = self.rt.actors(group, inc)
-            if not actors:
+            # What the controller believes this process holds, read before the request:
+            # an answer from older weights means a report (a push, a load) was wrong.
+            believed = self.rt.controller.group(group)
+            if not actors or believed.incarnation != inc:
                 self.stop.wait(0.05)
                 continue
             try:
@@ -195,7 +198,8 @@ class _Rollouts:
             with self.lock:
                 self.counters.requests += 1
                 self.counters.tokens += len(out.tokens)
-                if out.version is None or out.version < version or out.incarnation != inc:
+                floor = max(version, believed.version or 0)
+                if out.version is None or out.version < floor:
                     self.counters.stale_serves += 1
             # Paced, as requests arrive in a real fleet: generation that saturates the CPU
             # would slow every restart (here the engines share two cores with everything).
@@ -230,6 +234,7 @@ class _Chaos:
             group = self._serving(incident.target)
             if group is None:  # every group is recovering: nothing to kill now
                 self.counters.skipped.append((version, incident.kind))
+                return
             self._kill(group, "export", "while its export is written")
 
     def join(self, timeout: float = 90) -> None:
@@ -315,7 +320,7 @@ def run(
     root = out / "checkpoints"
     config = model_config(options)
     counters = Counters()
-    trainer = _Trainer(config, options.seed)
+    trainer = SyntheticTrainer(config, options.seed)
     groups = [f"g{i}" for i in range(options.groups)]
     recovery = RecoveryConfig(immediate_recovery=immediate, restart_budget=6)
     rollouts: _Rollouts | None = None
@@ -374,13 +379,9 @@ def run(
         str(p) for p in root.iterdir() if str(p) not in kept
     ) if root.exists() else []  # fmt: skip
     ledger = rt.ledger
-    load_errors = [
-        r.detail for r in ledger.crashes
-        if "FileNotFoundError" in r.detail or "No such file" in r.detail
-    ]  # fmt: skip
     return RunResult(
         immediate, options, journal, root, ledger, counters, rt.statistics(), closed.drained,
-        rt.controller.outstanding(), len(_local(rt).errors), leaked, kept, load_errors,
+        rt.controller.outstanding(), len(_local(rt).errors), leaked, kept,
         time.monotonic() - started, trainer.losses,
     )  # fmt: skip
 

@@ -42,6 +42,7 @@ from ..export import AsyncHFExporter, CheckpointStore, ExportHandle, model_diges
 from ..journal import JsonlJournal
 from ..ledger import PATHS, Ledger
 from ..link import ControllerLink
+from ..machines import LOADING, UP
 from .engine import ReferenceEngine, WeightsHeld
 from .hosting import RemoteController, RemoteLink
 
@@ -176,6 +177,9 @@ class EffectRunner:
         self._in_flight = 0
         self._stopped = False
         self._failed: list[fx.Effect] = []  # deletes that failed every attempt
+        # Loads in place asked for, per process: a push that overlaps one cannot vouch for
+        # what that process holds afterwards (the load may land after the push).
+        self.loads_in_place: collections.Counter[tuple[str, int]] = collections.Counter()
 
     @property
     def failed(self) -> tuple[fx.Effect, ...]:
@@ -225,11 +229,11 @@ class EffectRunner:
                 _kill(self._rt._actors.take(g))
             case fx.CancelExport(version=v):
                 self._rt.exporter.cancel(v)
-            case (
-                fx.RestartFromCheckpoint(group=g)
-                | fx.LoadCheckpoint(group=g)
-                | fx.RestartCold(group=g)
-            ):
+            case fx.LoadCheckpoint(group=g, incarnation=inc):
+                with self._lock:
+                    self.loads_in_place[(g, inc)] += 1
+                self._queue(f"group:{g}", effect)
+            case fx.RestartFromCheckpoint(group=g) | fx.RestartCold(group=g):
                 self._queue(f"group:{g}", effect)
             case fx.DeleteCheckpoint(version=v):
                 self._queue(f"checkpoint:{v}", effect)
@@ -295,6 +299,9 @@ class EffectRunner:
                 start = rt._boot if isinstance(effect, fx.RestartFromCheckpoint) else rt._call_all
                 with rt._stats_lock:
                     rt._loading[path] += 1
+                    if path in rt._deleted_paths:
+                        rt.loads_from_deleted += 1  # the leases failed: say so, loudly
+                        log.error("a start loads %s, which was deleted", path)
                 try:
                     outcome = start(g, inc, lambda a: a.boot_from_checkpoint.remote(path))
                 finally:
@@ -332,6 +339,8 @@ class EffectRunner:
                                     exc_info=True)  # fmt: skip
                         time.sleep(min(2.0, 0.1 * 2**attempt))
                         continue
+                    with rt._stats_lock:
+                        rt._deleted_paths.add(path)
                     rt._report(ev.CheckpointDeleted, version=v)
                     return
                 # The core has no event for it: kept (statistics, retry_failed) and logged.
@@ -376,6 +385,8 @@ class HealthMonitor:
         self._stop = threading.Event()
         self._paused = threading.Event()
         self._watches: dict[Any, tuple[str, int]] = {}  # ObjectRef -> (group, incarnation)
+        # (group, incarnation, actor index) watched once: a watch call stays outstanding
+        # while that process lives, also through a load in place.
         self._watched: set[tuple[str, int, int]] = set()  # (group, incarnation, actor index)
         self._thread = threading.Thread(target=self._loop, name="recovery-fsm-health", daemon=True)
 
@@ -424,13 +435,15 @@ class HealthMonitor:
         ready, _ = ray.wait(list(self._watches), num_returns=1, timeout=timeout)
         for ref in ready:
             g, inc = self._watches.pop(ref)
-            if self._rt.controller.up_groups().get(g) == inc:
+            now = self._rt.controller.group(g)
+            # Up, or loading a checkpoint in place: the same process, still the group's.
+            if now.incarnation == inc and now.state in UP | LOADING:
                 self._rt._report(ev.GroupFailed, group=g, incarnation=inc, reason="actor died")
                 self._rt._saw_failure(g)
-        # Watches of processes that are no longer up are dropped (their actors are gone).
-        live = set(self._rt.controller.up_groups().items())
-        for ref, key in list(self._watches.items()):
-            if key not in live:
+        # Watches of replaced processes are dropped (their actors are gone or going).
+        current = {n: v.incarnation for n, v in self._rt.controller.groups().items()}
+        for ref, (g, inc) in list(self._watches.items()):
+            if current.get(g) != inc:
                 del self._watches[ref]
 
     def _probe(self, up: Mapping[str, int]) -> None:
@@ -507,7 +520,8 @@ class RecoveryRuntime:
         self.delete_attempts = delete_attempts
         self.routes: dict[str, tuple[int, int] | None] = {}  # group -> (incarnation, version)
         self.failures_seen = 0
-        self.loads_from_deleted = 0  # deletes of a path a start was loading (must stay 0)
+        self.loads_from_deleted = 0  # loads of a deleted path, or deletes under a load (0!)
+        self._deleted_paths: set[str] = set()
         self._loading: collections.Counter[str] = collections.Counter()  # path -> starts
         self._refused = 0
         self._lost_reports = 0
@@ -584,6 +598,8 @@ class RecoveryRuntime:
         trainer's. Reports nothing: a trainer with its own push skips this."""
         weights = ray.put(_cpu_state(model))
         digest = model_digest(model)
+        with self.runner._lock:  # before the snapshot of who is up (see below)
+            loads_before = dict(self.runner.loads_in_place)
         up = self.controller.up_groups()
         calls = {
             (g, inc): [a.update_weights.remote(version, weights) for a in self._actors.of(g, inc)]
@@ -602,7 +618,12 @@ class RecoveryRuntime:
             except Exception as err:
                 log.warning("weight push to %s#%d failed: %s", g, inc, err)
                 continue
-            if _digest_gate(held, digest) is None:
+            with self.runner._lock:
+                overlapped = self.runner.loads_in_place[(g, inc)] != loads_before.get((g, inc), 0)
+            if overlapped:  # a load in place may have replaced these weights since
+                log.info("push of %d to %s#%d overlapped a load in place: not reported", version,
+                         g, inc)  # fmt: skip
+            elif _digest_gate(held, digest) is None:
                 got[g] = inc
         return got
 
@@ -622,7 +643,9 @@ class RecoveryRuntime:
         FSDP or Megatron shards) with their ``config``."""
         if self.exporter.closed:
             raise ExporterClosed(f"synced({version}) after the runtime's exporter was closed")
-        self._report(ev.WeightsSynced, version=version, groups=dict(groups))
+        # Sent directly: a refusal (an unknown group, a version not above the fleet's) is
+        # the trainer's mistake and reaches it, before anything is exported.
+        self.link.send(ev.WeightsSynced, version=version, groups=dict(groups))
         if isinstance(model, Mapping):
             return self.exporter.export(
                 version, model, config=config, pinned=pinned, tokenizer=tokenizer

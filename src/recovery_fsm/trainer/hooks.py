@@ -74,6 +74,8 @@ class RecoveryHooks:
 
     ``export_wait_s`` lets ``before_weight_sync`` wait that long for the previous export to
     commit (trainer stall, counted in ``metrics``) rather than miss it; 0 never waits.
+    ``flush_timeout_s`` bounds how long ``close`` waits for Hugging Face saves still being
+    written; one that takes longer is reported as failed, and the runtime is closed anyway.
     """
 
     def __init__(
@@ -81,10 +83,13 @@ class RecoveryHooks:
         runtime: Runtime,
         *,
         export_wait_s: float = 0.0,
+        flush_timeout_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not export_wait_s >= 0:
-            raise ValueError(f"export_wait_s must be a number >= 0, got {export_wait_s!r}")
+        for name, value in (("export_wait_s", export_wait_s), ("flush_timeout_s", flush_timeout_s)):
+            if not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        self.flush_timeout_s = float(flush_timeout_s)
         self.runtime = runtime
         self.export_wait_s = float(export_wait_s)
         self._clock = clock
@@ -102,8 +107,8 @@ class RecoveryHooks:
 
     def before_weight_sync(self, version: int) -> str:
         """Call before pushing ``version``. Settles the previous export: ``"clean"`` (it
-        committed), ``"missed"`` (still writing: it will be abandoned and recovery cools),
-        ``"failed"``, or ``"none"`` (there was none)."""
+        committed), ``"missed"`` (still writing: unless it commits before the sync is
+        reported, it is abandoned and recovery cools), ``"failed"``, or ``"none"``."""
         with self._lock:
             self._check_open()
             if type(version) is not int or version < 0:
@@ -186,10 +191,11 @@ class RecoveryHooks:
         saved: dict[int, Path] = {}
         failed: dict[int, str] = {}
         drained = False
+        deadline = self._clock() + self.flush_timeout_s
         try:
             for v, handle in saves.items():
-                try:
-                    saved[v] = handle.result()  # a kept save is flushed, never cancelled
+                try:  # a kept save is flushed, not cancelled, within flush_timeout_s
+                    saved[v] = handle.result(timeout=max(0.0, deadline - self._clock()))
                 except Exception as err:
                     failed[v] = f"{type(err).__name__}: {err}"
             if last is not None and not last.done() and last.version not in saves:
