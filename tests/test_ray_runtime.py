@@ -223,6 +223,62 @@ def test_a_checkpoint_in_use_outlives_its_sync_and_stale_weights_never_serve(
     assert_replays_clean(tmp_path)
 
 
+def gated_update(flags: str) -> type[ReferenceEngine]:
+    """A reference engine whose weight update waits while ``<flags>/<group>`` exists."""
+
+    class GatedUpdateEngine(ReferenceEngine):
+        def update_weights(self, version: int, weights: Any) -> Any:
+            while os.path.exists(os.path.join(flags, self.group)):
+                time.sleep(0.02)
+            return super().update_weights(version, weights)
+
+    return GatedUpdateEngine
+
+
+def test_a_push_that_overlaps_a_load_in_place_does_not_vouch_for_that_process(
+    tmp_path: Path,
+) -> None:
+    """g0 takes the push of v3, then loads C(2) in place (asked for while the push was under
+    way) and ends up holding v2: the push must not report g0 as holding v3."""
+    model = trainer()
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    release = threading.Event()
+    released = False
+
+    def gated(path: Any) -> Any:  # exports after v1 wait until the test says so
+        if released or "step-1" in str(path):
+            return open(path, "xb")
+        release.wait(120)
+        return open(path, "xb")
+
+    rt = runtime(tmp_path, engine=gated_update(str(flags)), exporter_options={"opener": gated})
+    with rt:
+        serving_v1(rt, model)
+        step(model)
+        rt.synced(2, {"g1": 1}, model)  # g0 left out: pending; C(2) is being written
+        assert rt.controller.group_state("g0") == "pending_weights"
+        (flags / "g1").touch()  # g1's update of v3 will wait
+        step(model)
+        got: dict[str, Any] = {}
+        pushing = threading.Thread(target=lambda: got.update(rt.push(model, 3)))
+        pushing.start()  # the snapshot: g0 (pending) and g1 will take v3
+        time.sleep(1.0)  # g0 has taken v3 by now; g1 waits
+        released = True
+        release.set()  # C(2) commits: g0 loads it in place, after its v3 update
+        wait_for(lambda: rt.routes.get("g0") == (1, 2), what="g0 caught up from C(2)")
+        (flags / "g1").unlink()
+        pushing.join(60)
+        assert "g0" not in got and got.get("g1") == 1
+        rt.synced(3, got, model)
+        belief = rt.controller.group("g0")
+        held = ray.get(rt.actors("g0", 1)[0].weights.remote())
+        # Never routed on weights older than the controller believes it holds.
+        assert belief.state not in ("active", "suspect") or belief.version == held.version, (
+            belief, held)  # fmt: skip
+    assert_replays_clean(tmp_path)
+
+
 class WrongWeightsEngine(ReferenceEngine):
     """Loads the checkpoint, then holds other weights (a buggy reload): the digest it
     reports is not the manifest's."""

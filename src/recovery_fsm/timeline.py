@@ -108,9 +108,10 @@ def draw(
             drawn.add(s.state)
             ax.broken_barh([(s.start - t0, s.end - s.start)], (y[s.group] - 0.3, 0.6),
                            facecolors=STATE_COLORS.get(s.state, "white"))  # fmt: skip
+    visible_s = 0.04 * span_s / plot_w  # an export of a few milliseconds is still drawn
     for e in ledger.exports:
         end = max(e.start, t1 if e.end is None else e.end)  # a live ledger may run ahead
-        ax.broken_barh([(e.start - t0, end - e.start)], (y[EXPORTS] - 0.3, 0.6),
+        ax.broken_barh([(e.start - t0, max(end - e.start, visible_s))], (y[EXPORTS] - 0.3, 0.6),
                        facecolors=EXPORT_COLORS.get(e.outcome, "white"), edgecolors="white",
                        linewidth=0.6)  # fmt: skip
         if (end - e.start) / span_s * plot_w > 0.3:  # room for its version

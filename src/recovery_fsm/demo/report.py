@@ -54,7 +54,7 @@ def summarize(result: RunResult) -> Report:
         "stale admissions": result.counters.stale_admissions,
         "stale answers served": result.counters.stale_serves,
         "loads from deleted paths": stats.loads_from_deleted,
-        "leaked checkpoint directories": len(result.leaked),
+        "leaked checkpoint dirs": len(result.leaked),
         "lost effects": (
             len(result.outstanding) + stats.lost_reports + stats.failed_deletes
             + result.link_errors + (0 if result.drained else 1)
@@ -114,7 +114,7 @@ def rows(reports: Sequence[Report]) -> list[tuple[str, ...]]:
     row("failures seen (all causes)", [str(r.failures_seen) for r in reports])
     for p in PATHS:
         row(f"recovered: {p}", [str(r.recoveries[p]) for r in reports])
-        row(f"  latency p50 / p95 ({p})",
+        row("  latency p50 / p95",
             [f"{_fmt(r.p50_s[p])} / {_fmt(r.p95_s[p])}" for r in reports])  # fmt: skip
     row("not recovered at shutdown", [str(r.unrecovered) for r in reports])
     row("idle group-seconds", [f"{r.idle_group_s:.1f}" for r in reports])

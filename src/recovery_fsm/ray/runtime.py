@@ -570,9 +570,12 @@ class RecoveryRuntime:
         check_shared_root(self.store.root, self.actor_options)
         weights = ray.put(_cpu_state(model))
         digest = model_digest(model)
-        for g in self.groups:
-            # A registered group's first process is incarnation 1 (the controller's count).
-            held = self._boot(g, 1, lambda a: a.boot_empty.remote())
+        # A registered group's first process is incarnation 1 (the controller's count). The
+        # groups boot at once; they register one by one, in order.
+        with ThreadPoolExecutor(len(self.groups) or 1) as pool:
+            booted = list(pool.map(lambda g: self._boot(g, 1, lambda a: a.boot_empty.remote()),
+                                   self.groups))  # fmt: skip
+        for g, held in zip(self.groups, booted, strict=True):
             if isinstance(held, str):
                 raise RuntimeError(f"group {g} did not boot: {held}")
             pushed = self._call_all(g, 1, lambda a: a.update_weights.remote(version, weights))
