@@ -217,6 +217,12 @@ def test_a_checkpoint_in_use_outlives_its_sync_and_stale_weights_never_serve(
         records = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
         loads = [f for r in records for f in r.get("effects", ()) if f["kind"] == "LoadCheckpoint"]
         assert [(f["group"], f["incarnation"], f["version"]) for f in loads] == [("g0", 2, 2)]
+        # The process that loaded in place is still watched: its death is seen at once.
+        rt.kill("g0")
+        wait_for(lambda: any(e["incarnation"] == 2 and e["reason"] == "actor died"
+                             for e in journal_events(tmp_path, "GroupFailed")),
+                 timeout=30, what="the watch reports the death")  # fmt: skip
+        wait_for(lambda: rt.controller.group_state("g0") == "active", what="g0 serves again")
         step(model)
         assert rt.sync(model, 3).get("g0") == rt.controller.incarnation("g0")
         assert rt.generate("g0", [3]).version == 3
@@ -276,6 +282,12 @@ def test_a_push_that_overlaps_a_load_in_place_does_not_vouch_for_that_process(
         # Never routed on weights older than the controller believes it holds.
         assert belief.state not in ("active", "suspect") or belief.version == held.version, (
             belief, held)  # fmt: skip
+        # g0's process was watched before its load in place and is watched after it.
+        wait_for(lambda: rt.controller.group_state("g0") == "active", what="g0 serves v3")
+        rt.kill("g0")
+        wait_for(lambda: any(e["group"] == "g0" and e["reason"] == "actor died"
+                             for e in journal_events(tmp_path, "GroupFailed")),
+                 timeout=30, what="the watch reports the death")  # fmt: skip
     assert_replays_clean(tmp_path)
 
 
