@@ -27,7 +27,7 @@ from .. import effects as fx
 from ..ledger import Ledger
 from ..link import ControllerLink
 from ..machines import LOADING, RELAUNCHING, SERVING, UP
-from ..ray import RecoveryRuntime
+from ..ray import RecoveryRuntime, Statistics
 from ..trainer import RecoveryHooks
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -99,7 +99,7 @@ class RunResult:
     root: Path
     ledger: Ledger
     counters: Counters
-    statistics: Any  # recovery_fsm.ray.Statistics
+    statistics: Statistics
     drained: bool
     outstanding: list[str]
     link_errors: int
