@@ -203,11 +203,15 @@ def test_the_demo_command_fails_when_a_safety_counter_is_not_zero(
         bad = attrs.evolve(report, safety={**report.safety, "lost effects": 1})
         return attrs.evolve(seen[0], reports=(bad,))
 
+    # The defaults' shape: an output directory relative to where the command runs, and an HF
+    # save that is kept (v2), which must not count as a leaked directory.
+    monkeypatch.chdir(tmp_path)
     args = ["demo", "--steps", "3", "--groups", "1", "--model", "tiny", "--step-s", "1",
-            "--chaos-rate", "0", "--live", "off", "--no-timeline",
-            "--out", str(tmp_path)]  # fmt: skip
+            "--chaos-rate", "0", "--hf-interval", "2", "--live", "off", "--no-timeline",
+            "--out", "demo-out"]  # fmt: skip
     monkeypatch.setattr(demo, "main", recording)
     assert cli.main(args) == 0
     assert seen[0].ok and seen[0].reports[0].failures_injected == 0
+    assert [Path(p).name for p in seen[0].results[0].kept] == ["step-2"]
     monkeypatch.setattr(demo, "main", broken)
     assert cli.main(args) == 1

@@ -315,6 +315,7 @@ def run(
     note: Callable[[str], None] = print,
 ) -> RunResult:
     """One run of the seeded scenario (Ray must be initialised); returns what it saw."""
+    out = out.resolve()  # the store resolves its root: compare like with like below
     out.mkdir(parents=True, exist_ok=True)
     journal = out / "journal.jsonl"
     root = out / "checkpoints"
@@ -374,9 +375,9 @@ def run(
         for t in rollouts.threads:
             t.join(timeout=60)
         closed = hooks.close()
-    kept = sorted(str(p) for p in closed.hf_saves.values())
+    kept = sorted(str(Path(p).resolve()) for p in closed.hf_saves.values())
     leaked = sorted(
-        str(p) for p in root.iterdir() if str(p) not in kept
+        str(p) for p in root.iterdir() if str(p.resolve()) not in kept
     ) if root.exists() else []  # fmt: skip
     ledger = rt.ledger
     return RunResult(
