@@ -30,6 +30,7 @@ from recovery_fsm import (  # noqa: E402  (after the torch check)
     DeleteCheckpoint,
     Effect,
     EventNotAllowed,
+    LoadCheckpoint,
     RecoveryConfig,
     RecoveryController,
     RecoveryError,
@@ -122,7 +123,7 @@ class Adapter:
         assert self.link is not None and self.exporter is not None
         self.faults.maybe("execute")
         c = self.link.controller
-        if isinstance(effect, RestartFromCheckpoint):
+        if isinstance(effect, (RestartFromCheckpoint, LoadCheckpoint)):
             self._report_later(effect.group, effect.incarnation, ev.RestartLoaded,
                                ev.RestartLoadFailed)  # fmt: skip
         elif isinstance(effect, RestartCold):
