@@ -11,7 +11,14 @@ import pytest
 from conftest import Driver
 from statemachine.exceptions import TransitionNotAllowed
 
-from recovery_fsm import CheckpointView, Lease, RecoveryConfig, RecoveryController, UnknownVersion
+from recovery_fsm import (
+    CheckpointView,
+    Lease,
+    RecoveryConfig,
+    RecoveryController,
+    UnknownVersion,
+    WrongIncarnation,
+)
 from recovery_fsm import events as ev
 from recovery_fsm.effects import (
     CancelExport,
@@ -54,12 +61,16 @@ def test_seed_race_delete_only_after_lease_released(driver: Driver) -> None:
     assert c.checkpoint_state(1) == "superseded"
 
     # It loaded v1 but the fleet is at v2: C(1) goes, and g1 loads C(2) in place (the same
-    # process, leased), instead of idling until the next sync.
+    # process, renumbered 3, leased), instead of idling until the next sync.
     effects = driver.send(ev.RestartLoaded, "g1", 2)
-    assert effects == (DeleteCheckpoint(1, C1), LoadCheckpoint("g1", 2, 2, C2))
+    assert effects == (DeleteCheckpoint(1, C1), LoadCheckpoint("g1", 3, 2, C2, 2))
     assert c.checkpoint_state(1) == "deletable"
-    assert c.group_state("g1") == "loading" and c.lease_of("g1") == Lease("g1", 2, 2, 2)
-    assert driver.send(ev.RestartLoaded, "g1", 2) == (RouteTraffic("g1", 2, 2),)
+    assert c.group_state("g1") == "loading" and c.lease_of("g1") == Lease("g1", 3, 2, 2)
+    # The first load's outcome again (a retried report) is not this load's outcome.
+    with pytest.raises(WrongIncarnation):
+        driver.send(ev.RestartLoaded, "g1", 2)
+    assert c.group_state("g1") == "loading"
+    assert driver.send(ev.RestartLoaded, "g1", 3) == (RouteTraffic("g1", 3, 2),)
     assert c.lease_of("g1") is None and c.checkpoints()[2].leases == 0
 
 

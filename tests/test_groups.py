@@ -272,9 +272,9 @@ def test_disabled_by_configuration_always_takes_the_cold_path() -> None:
 def test_registering_with_stale_weights_loads_the_ready_checkpoint_in_place(
     driver: Driver,
 ) -> None:
-    assert driver.send(ev.GroupRegistered, "g3", 0) == (LoadCheckpoint("g3", 1, 1, C1),)
+    assert driver.send(ev.GroupRegistered, "g3", 0) == (LoadCheckpoint("g3", 2, 1, C1, 1),)
     assert driver.c.group_state("g3") == "loading"
-    assert driver.send(ev.RestartLoaded, "g3", 1) == (RouteTraffic("g3", 1, 1),)
+    assert driver.send(ev.RestartLoaded, "g3", 2) == (RouteTraffic("g3", 2, 1),)
     assert driver.send(ev.GroupRegistered, "g4", 1) == (RouteTraffic("g4", 1, 1),)
     assert driver.c.group_state("g4") == "active"
 

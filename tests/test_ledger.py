@@ -28,9 +28,9 @@ def test_a_restart_that_lands_after_a_sync_and_catches_up_in_place_is_immediate(
     c.handle(ev.WeightsSynced(2, {"g2": 1}, at=20.0))
     c.handle(ev.ExportStarted(2, at=20.0))
     c.handle(ev.ExportCommitted(2, "/c/2", at=21.0))
-    c.handle(ev.RestartLoaded("g1", 2, at=22.0))  # loaded v1: loads C(2) in place
+    c.handle(ev.RestartLoaded("g1", 2, at=22.0))  # loaded v1: loads C(2) in place, as #3
     assert c.group_state("g1") == "loading"
-    c.handle(ev.RestartLoaded("g1", 2, at=23.0))
+    c.handle(ev.RestartLoaded("g1", 3, at=23.0))
     ledger = Ledger(records)
     [r] = ledger.recoveries
     assert (r.group, r.path, r.latency_s) == ("g1", "immediate", 11.0)
@@ -44,9 +44,9 @@ def test_a_cold_start_that_loads_the_next_checkpoint_in_place_waited() -> None:
     c.handle(ev.Relaunched("g1", 2, at=14.0))
     c.handle(ev.WeightsSynced(1, {"g2": 1}, at=20.0))
     c.handle(ev.ExportStarted(1, at=20.0))
-    c.handle(ev.ExportCommitted(1, "/c/1", at=21.0))  # g1 loads C(1) in place
+    c.handle(ev.ExportCommitted(1, "/c/1", at=21.0))  # g1 loads C(1) in place, as #3
     assert c.group_state("g1") == "loading"
-    c.handle(ev.RestartLoaded("g1", 2, at=22.0))
+    c.handle(ev.RestartLoaded("g1", 3, at=22.0))
     [r] = Ledger(records).recoveries
     assert (r.path, r.latency_s) == ("waited", 10.0)
 

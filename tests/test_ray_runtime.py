@@ -209,17 +209,20 @@ def test_a_checkpoint_in_use_outlives_its_sync_and_stale_weights_never_serve(
         wait_for(lambda: not step_1.exists(), what="v1 deleted once its lease is released")
         # It loaded v1 after the fleet moved to v2: never routed on v1. Instead of idling
         # until the next sync, the same process loads C(2) in place and serves v2.
-        wait_for(lambda: rt.routes.get("g0") == (2, 2), what="g0 caught up from C(2)")
+        # (the same process goes on as incarnation 3)
+        wait_for(lambda: rt.routes.get("g0") == (3, 2), what="g0 caught up from C(2)")
         assert not [e for e in routed if e.group == "g0" and e.incarnation == 2
                     and getattr(e, "version", None) == 1]  # fmt: skip
         out = rt.generate("g0", [3])
-        assert (out.version, out.incarnation) == (2, 2)
+        assert (out.version, out.incarnation) == (2, 2)  # the engine keeps its first number
         records = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
         loads = [f for r in records for f in r.get("effects", ()) if f["kind"] == "LoadCheckpoint"]
-        assert [(f["group"], f["incarnation"], f["version"]) for f in loads] == [("g0", 2, 2)]
+        assert [(f["group"], f["incarnation"], f["version"], f["previous"]) for f in loads] == [
+            ("g0", 3, 2, 2)
+        ]
         # The process that loaded in place is still watched: its death is seen at once.
         rt.kill("g0")
-        wait_for(lambda: any(e["incarnation"] == 2 and e["reason"] == "actor died"
+        wait_for(lambda: any(e["incarnation"] == 3 and e["reason"] == "actor died"
                              for e in journal_events(tmp_path, "GroupFailed")),
                  timeout=30, what="the watch reports the death")  # fmt: skip
         wait_for(lambda: rt.controller.group_state("g0") == "active", what="g0 serves again")
@@ -272,13 +275,13 @@ def test_a_push_that_overlaps_a_load_in_place_does_not_vouch_for_that_process(
         time.sleep(1.0)  # g0 has taken v3 by now; g1 waits
         released = True
         release.set()  # C(2) commits: g0 loads it in place, after its v3 update
-        wait_for(lambda: rt.routes.get("g0") == (1, 2), what="g0 caught up from C(2)")
+        wait_for(lambda: rt.routes.get("g0") == (2, 2), what="g0 caught up from C(2)")
         (flags / "g1").unlink()
         pushing.join(60)
         assert "g0" not in got and got.get("g1") == 1
         rt.synced(3, got, model)
         belief = rt.controller.group("g0")
-        held = ray.get(rt.actors("g0", 1)[0].weights.remote())
+        held = ray.get(rt.actors("g0")[0].weights.remote())
         # Never routed on weights older than the controller believes it holds.
         assert belief.state not in ("active", "suspect") or belief.version == held.version, (
             belief, held)  # fmt: skip

@@ -33,15 +33,18 @@ class RestartFromCheckpoint(Effect):
 
 @attrs.frozen
 class LoadCheckpoint(Effect):
-    """The running process ``incarnation`` of ``group`` holds older weights (its restart
-    finished after a sync): load ``path`` (weights of ``version``) into it, without a new
-    process. Report RestartLoaded or RestartLoadFailed for that incarnation; the checkpoint
-    is leased until then, as for a restart."""
+    """The running process ``previous`` of ``group`` holds older weights (its restart
+    finished after a sync, or it came up cold): load ``path`` (weights of ``version``) into
+    it, without a new process. From now on that process is ``incarnation``: a new number, so
+    that no report about what it held before (a late or repeated one) can be taken for the
+    outcome of this load. Report RestartLoaded or RestartLoadFailed for ``incarnation``; the
+    checkpoint is leased until then, as for a restart."""
 
     group: str
     incarnation: int
     version: int
     path: str
+    previous: int
 
 
 @attrs.frozen

@@ -549,7 +549,9 @@ class Rules:
     def _catch_up(self, g: _Group) -> None:
         """A process up with older weights (or none) loads C(v) in place, without a restart,
         once C(v) is ready and its switch allows loading from checkpoints; leased as a
-        restart's load is. Otherwise it waits for the next sync's push."""
+        restart's load is, and under a new incarnation, so that an earlier report about
+        that process can never pass for this load's outcome. Otherwise it waits for the
+        next sync's push."""
         r = g.record
         ck = self.checkpoints.get(self.fleet.version)
         if (
@@ -560,12 +562,15 @@ class Rules:
         ):
             return
         assert ck.record.path is not None
+        previous = r.incarnation
+        self._next_incarnation(g)  # the same process, renumbered (no restart is counted)
         lease = Lease(r.name, r.incarnation, ck.record.version, self.fleet.version)
         self.starts[(r.name, r.incarnation)] = Start("load", lease)
         ck.record.leases += 1
-        r.since = self.now
         self._fire_group(g, "reload")
-        self._emit(fx.LoadCheckpoint(r.name, r.incarnation, lease.version, ck.record.path))
+        self._emit(
+            fx.LoadCheckpoint(r.name, r.incarnation, lease.version, ck.record.path, previous)
+        )
 
     def _relaunch(self, g: _Group) -> None:
         r = self._next_incarnation(g)

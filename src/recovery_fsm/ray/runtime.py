@@ -144,6 +144,15 @@ class _Actors:
             self.started_at[(group, incarnation)] = time.monotonic()
             return old
 
+    def renumber(self, group: str, previous: int, incarnation: int) -> None:
+        """The group's process ``previous`` goes on as ``incarnation`` (a load in place);
+        nothing happens if it was replaced or stopped meanwhile."""
+        with self.lock:
+            inc, actors = self.current.get(group, (-1, []))
+            if inc == previous and actors:
+                self.current[group] = (incarnation, actors)
+                self.started_at[(group, incarnation)] = self.started_at.get((group, inc), 0.0)
+
     def take(self, group: str, incarnation: int | None = None) -> list[Any]:
         """Remove (to kill) the group's current actors, or only those of ``incarnation``."""
         with self.lock:
@@ -229,9 +238,10 @@ class EffectRunner:
                 _kill(self._rt._actors.take(g))
             case fx.CancelExport(version=v):
                 self._rt.exporter.cancel(v)
-            case fx.LoadCheckpoint(group=g, incarnation=inc):
+            case fx.LoadCheckpoint(group=g, incarnation=inc, previous=previous):
                 with self._lock:
-                    self.loads_in_place[(g, inc)] += 1
+                    self.loads_in_place[(g, previous)] += 1
+                self._rt._actors.renumber(g, previous, inc)  # the same actors, a new number
                 self._queue(f"group:{g}", effect)
             case fx.RestartFromCheckpoint(group=g) | fx.RestartCold(group=g):
                 self._queue(f"group:{g}", effect)

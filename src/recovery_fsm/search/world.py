@@ -268,14 +268,16 @@ class World:
         """The running process loads the current checkpoint: no restart, no budget."""
         self._check_source(f, out)
         p = self.procs[f.group]
-        if p.incarnation != f.incarnation or p.status != "up" or p.holds == self.fleet:
+        if p.incarnation != f.previous or p.status != "up" or p.holds == self.fleet:
             out.append(
-                f"{f.group}#{f.incarnation} asked to load C({f.version}) in place, but its "
+                f"{f.group}#{f.previous} asked to load C({f.version}) in place, but its "
                 f"process #{p.incarnation} is {p.status} holding version {p.holds}"
             )
+        if f.incarnation != p.incarnation + 1:
+            out.append(f"load in place of {f.group} as #{f.incarnation} after #{p.incarnation}")
         if self.routed.get(f.group) is not None:
             out.append(f"{f.group} loads in place while the router sends it traffic")
-        p.status, p.since = "loading", self.now
+        p.incarnation, p.status, p.since = f.incarnation, "loading", self.now
         self.loads[(f.group, f.incarnation)] = Load(f.path, f.version)
 
     def _check_source(
