@@ -129,9 +129,13 @@ class ReferenceEngine:
                 raise RuntimeError("generate before a boot")
             ids = torch.tensor([prompt])
             with torch.no_grad():
+                # Every prompt token is attended: a prompt of one is never padded, and
+                # without this mask ``generate`` would infer one from the pad id, dropping
+                # any real token that happens to equal it (token 0 said to be padding).
                 out = self.model.generate(
-                    ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0
-                )
+                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                    do_sample=False, pad_token_id=_pad_id(self.model.generation_config),
+                )  # fmt: skip
             return Generation(
                 out[0, len(prompt) :].tolist(), self.held.version, self.group, self.incarnation
             )
@@ -140,6 +144,17 @@ class ReferenceEngine:
         with self._lock:
             self.model = None
             self.held = WeightsHeld(None, None)
+
+
+def _pad_id(generation: Any) -> int | None:
+    """The model's own pad id, else its end of sequence (what ``generate`` falls back to,
+    said here to spare the warning); only fills a finished row, never read as input."""
+    if generation.pad_token_id is not None:
+        return int(generation.pad_token_id)
+    eos = generation.eos_token_id
+    if isinstance(eos, list):
+        return int(eos[0]) if eos else None
+    return None if eos is None else int(eos)
 
 
 def manifest_version(path: str) -> int:
