@@ -3,8 +3,12 @@ journaled with that error (so a replay sees the refusal too)."""
 
 from __future__ import annotations
 
+import copy
+import json
 import math
-from collections.abc import Callable
+import pickle
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -22,8 +26,8 @@ from recovery_fsm import (
     WrongIncarnation,
 )
 from recovery_fsm import events as ev
-from recovery_fsm.effects import RestartFromCheckpoint
-from recovery_fsm.journal import encode
+from recovery_fsm.effects import DeleteCheckpoint, RestartFromCheckpoint
+from recovery_fsm.journal import JsonlJournal, decode_event, encode, read_journal
 
 T = 1000.0  # later than anything the fixture sent
 
@@ -457,3 +461,91 @@ def test_bad_controller_arguments_are_refused() -> None:
         RecoveryController(initial_version=True)
     with pytest.raises(MalformedEvent, match="RecoveryConfig"):
         RecoveryController({"restart_budget": 3})  # type: ignore[arg-type]
+
+
+# -- an event is a value: nothing changes it between its checks and the rules ----------------
+
+_MUTATIONS: list[Callable[[Any], object]] = [
+    lambda g: g.__setitem__("g1", "one"),
+    lambda g: g.__setitem__("gX", 1),
+    lambda g: g.__delitem__("g1"),
+    lambda g: g.update({"g1": 0}),
+    lambda g: g.setdefault("gX", 1),
+    lambda g: g.pop("g1"),
+    lambda g: g.popitem(),
+    lambda g: g.clear(),
+    lambda g: g.__ior__({"g1": 0}),
+]
+
+
+@pytest.mark.parametrize("mutate", _MUTATIONS)
+def test_a_syncs_groups_cannot_be_changed_after_it_is_built(
+    driver: Driver, journal: list[dict[str, Any]], mutate: Callable[[Any], object]
+) -> None:
+    """Once a changed mapping reached the rules unchecked and stopped the controller for
+    good (a str incarnation) or was taken silently (an unknown group)."""
+    pushed = {"g1": 1, "g2": 1}
+    sync = ev.WeightsSynced(2, pushed, at=T)
+    pushed["g1"] = 7  # the caller's dict is not the event's
+    with pytest.raises(TypeError, match="read-only"):
+        mutate(sync.groups)
+    assert sync.groups == {"g1": 1, "g2": 1} and list(sync.groups) == ["g1", "g2"]
+    assert driver.c.handle(sync) == (DeleteCheckpoint(1, "/ckpt/step-1"),)  # C(1) superseded
+    assert driver.c.broken is None and driver.c.check_invariants() == []
+    assert driver.c.version == 2
+    assert {v.state for v in driver.c.groups().values()} == {"active"}
+    assert journal[-1]["event"]["groups"] == {"g1": 1, "g2": 1}
+
+
+class _Name(str):
+    """A str that can be changed after the checks: it has attributes."""
+
+
+class _Seconds(float):
+    pass
+
+
+def _values(cls: type[ev.Event]) -> dict[str, object]:
+    """A valid value for each field, given as a subclass where the checks allow one."""
+    plain: dict[str, object] = {
+        "version": 1, "group": _Name("g1"), "incarnation": 1, "path": _Name("/p"),
+        "groups": {_Name("g1"): 1}, "error": _Name("e"), "reason": _Name("r"),
+        "pinned": False, "at": _Seconds(5.0),
+    }  # fmt: skip
+    return {f.name: plain[f.name] for f in attrs.fields(cls)}
+
+
+@pytest.mark.parametrize("cls", sorted(ev.EVENT_TYPES.values(), key=lambda c: c.__name__))
+def test_every_field_of_every_event_is_a_plain_immutable_value(cls: type[ev.Event]) -> None:
+    """Exact built-in types (a subclass could change its value, or its equality, later), a
+    read-only mapping for a sync's groups; and the event stays a value: hashable, equal
+    after a pickle (it crosses Ray) and a deep copy."""
+    event = cls(**_values(cls))
+    for field in attrs.fields(cls):
+        value = getattr(event, field.name)
+        if isinstance(value, Mapping):
+            assert type(value) is ev.Incarnations
+            assert all(type(k) is str and type(v) is int for k, v in value.items())
+        else:
+            assert type(value) in {str, int, float, bool}, (field.name, type(value))
+    assert hash(event) == hash(cls(**_values(cls)))
+    assert pickle.loads(pickle.dumps(event)) == event
+    assert copy.deepcopy(event) == event
+    assert decode_event(json.loads(json.dumps(encode(event)))) == event
+
+
+def test_a_sync_journals_and_replays_as_a_plain_mapping(tmp_path: Path) -> None:
+    """The read-only mapping writes the same JSON a dict did, and reads back equal."""
+    sync = ev.WeightsSynced(3, {"g2": 1, "g1": 1}, at=2.5)
+    with JsonlJournal(tmp_path / "j.jsonl") as sink:
+        c = RecoveryController(journal=sink)
+        c.handle(ev.GroupRegistered("g1", 0, at=1.0))
+        c.handle(ev.GroupRegistered("g2", 0, at=1.0))
+        c.handle(sync)
+    line = (tmp_path / "j.jsonl").read_text().splitlines()[-1]
+    assert '"event":{"kind":"WeightsSynced","version":3,"groups":{"g1":1,"g2":1},"at":2.5}' in line
+    record = list(read_journal(tmp_path / "j.jsonl"))[-1]
+    assert decode_event(record["event"]) == sync
+    assert ev.WeightsSynced(3, {"g1": 1, "g2": 1}, at=2.5) == sync
+    assert hash(ev.WeightsSynced(3, {"g1": 1, "g2": 1}, at=2.5)) == hash(sync)
+    assert ev.WeightsSynced(3, {"g1": 1, "g2": 2}, at=2.5) != sync

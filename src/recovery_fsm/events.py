@@ -2,16 +2,19 @@
 
 Every event carries ``at`` (keyword-only), the sender's clock in seconds; the controller never
 reads a clock. Field validation happens here, at construction, so a malformed event never
-reaches a machine. Events about a process name the ``incarnation`` they are about: the number
-the controller gave that start of the group's process (1 at registration, then one per
-restart, carried by the effect that asked for the restart).
+reaches a machine. An event is a value all the way down: every field holds an immutable
+value of an exact built-in type (or ``Incarnations``, a read-only mapping), so nothing can
+change it between the checks and the rules. Events about a process name the
+``incarnation`` they are about: the number the controller gave that start of the group's
+process (1 at registration, then one per restart, carried by the effect that asked for
+the restart).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 
@@ -50,24 +53,84 @@ def _check_bool(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         raise MalformedEvent(f"{attr.name} must be True or False, got {value!r}")
 
 
-def _to_incarnations(value: Any) -> dict[str, int]:
-    """A mapping group -> incarnation; a set of names cannot say which process got the
-    weights, so it is refused rather than guessed."""
-    if not isinstance(value, Mapping):
-        raise MalformedEvent(
-            f"groups must map each group name to the incarnation that received the weights, "
-            f"got {value!r}"
-        )
-    out: dict[str, int] = {}
-    for name, incarnation in value.items():
-        if not isinstance(name, str) or not name or name != name.strip():
-            raise MalformedEvent(f"groups must be keyed by group names, got {name!r}")
-        if type(incarnation) is not int or incarnation < 1:
+def _plain_str(value: str) -> str:
+    """A ``str`` subclass as the plain string: a subclass may carry attributes, or an
+    ``__eq__`` or ``__hash__`` that changes after the checks ran. Anything else is left
+    as it is, for the validator to judge."""
+    if isinstance(value, str) and type(value) is not str:
+        return str.__str__(value)
+    return value
+
+
+def _plain_seconds(value: float) -> float:
+    """An ``int`` or ``float`` subclass (an IntEnum, numpy's float64) as the plain number,
+    for the reason ``_plain_str`` gives; a bool is left for the validator to refuse."""
+    if isinstance(value, bool) or type(value) in (int, float):
+        return value
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    return value
+
+
+class Incarnations(dict[str, int]):
+    """A read-only map group name -> incarnation, sorted by name and validated when built.
+
+    A ``dict`` subclass so that it journals (``json``) exactly as the plain dict did; every
+    method that would change it raises ``TypeError``. It pickles and deep-copies as itself,
+    compares equal to a dict with the same items and, unlike a dict, is hashable."""
+
+    __slots__ = ()
+
+    def __new__(cls, value: Mapping[str, int]) -> Incarnations:
+        """A mapping group -> incarnation; a set of names cannot say which process got the
+        weights, so it is refused rather than guessed."""
+        if not isinstance(value, Mapping):
             raise MalformedEvent(
-                f"groups[{name!r}] must be an incarnation (int >= 1), got {incarnation!r}"
+                f"groups must map each group name to the incarnation that received the "
+                f"weights, got {value!r}"
             )
-        out[name] = incarnation
-    return dict(sorted(out.items()))
+        items: dict[str, int] = {}
+        for name, incarnation in value.items():
+            if not isinstance(name, str) or not name or name != name.strip():
+                raise MalformedEvent(f"groups must be keyed by group names, got {name!r}")
+            if type(incarnation) is not int or incarnation < 1:
+                raise MalformedEvent(
+                    f"groups[{name!r}] must be an incarnation (int >= 1), got {incarnation!r}"
+                )
+            items[str.__str__(name)] = incarnation
+        self = super().__new__(cls)
+        dict.update(self, sorted(items.items()))  # the only write, before anyone holds it
+        return self
+
+    def __init__(self, value: Mapping[str, int]) -> None:
+        """Filled by ``__new__``; ``dict.__init__`` would add the items a second time."""
+
+    def _read_only(self, *_args: Any, **_kwargs: Any) -> NoReturn:
+        raise TypeError("an event's groups are read-only: build a new event instead")
+
+    __setitem__ = __delitem__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only
+
+    def __ior__(self, _other: Any) -> NoReturn:  # type: ignore[misc]
+        self._read_only()
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self.items()))
+
+    def __reduce__(self) -> tuple[type[Incarnations], tuple[dict[str, int]]]:
+        return (type(self), (dict(self),))
+
+    def __copy__(self) -> Incarnations:
+        return self
+
+    def __deepcopy__(self, _memo: dict[int, object]) -> Incarnations:
+        return self  # nothing in it can change
+
+
+def _to_incarnations(value: Mapping[str, int]) -> Incarnations:
+    return value if type(value) is Incarnations else Incarnations(value)
 
 
 @attrs.frozen
@@ -92,8 +155,8 @@ class WeightsSynced(Event):
     process is gone, and its successor never received the weights."""
 
     version: int = attrs.field(validator=_check_version)
-    groups: dict[str, int] = attrs.field(converter=_to_incarnations, hash=False)
-    at: float = attrs.field(validator=_check_time, kw_only=True)
+    groups: Mapping[str, int] = attrs.field(converter=_to_incarnations)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
@@ -101,7 +164,7 @@ class ExportStarted(Event):
     """The exporter began writing the recovery checkpoint of ``version``."""
 
     version: int = attrs.field(validator=_check_version)
-    at: float = attrs.field(validator=_check_time, kw_only=True)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
     pinned: bool = attrs.field(default=False, validator=_check_bool)
 
 
@@ -110,15 +173,15 @@ class ExportCommitted(Event):
     """The checkpoint of ``version`` was renamed into place at ``path``."""
 
     version: int = attrs.field(validator=_check_version)
-    path: str = attrs.field(validator=_check_name)
-    at: float = attrs.field(validator=_check_time, kw_only=True)
+    path: str = attrs.field(converter=_plain_str, validator=_check_name)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
 class ExportFailed(Event):
     version: int = attrs.field(validator=_check_version)
-    at: float = attrs.field(validator=_check_time, kw_only=True)
-    error: str = attrs.field(default="", validator=_check_text)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    error: str = attrs.field(default="", converter=_plain_str, validator=_check_text)
 
 
 @attrs.frozen
@@ -126,7 +189,7 @@ class ExportCancelled(Event):
     """The exporter confirmed that it stopped writing ``version`` and removed its files."""
 
     version: int = attrs.field(validator=_check_version)
-    at: float = attrs.field(validator=_check_time, kw_only=True)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
@@ -134,7 +197,7 @@ class CheckpointPinned(Event):
     """The user keeps checkpoint ``version`` (e.g. it is a regular HF save): never delete it."""
 
     version: int = attrs.field(validator=_check_version)
-    at: float = attrs.field(validator=_check_time, kw_only=True)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
@@ -142,12 +205,12 @@ class CheckpointDeleted(Event):
     """The adapter removed checkpoint ``version`` from disk."""
 
     version: int = attrs.field(validator=_check_version)
-    at: float = attrs.field(validator=_check_time, kw_only=True)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
 class Shutdown(Event):
-    at: float = attrs.field(validator=_check_time, kw_only=True)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
@@ -155,7 +218,7 @@ class Tick(Event):
     """Time passes: deadlines (waiting for an export, a load, a relaunch) fire on it. The
     runtime sends it on an interval well under the shortest deadline (e.g. every second)."""
 
-    at: float = attrs.field(validator=_check_time, kw_only=True)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
 
 
 # -- from the health manager and the runtime, about one incarnation of a group --------------
@@ -165,23 +228,23 @@ class Tick(Event):
 class GroupRegistered(Event):
     """Group ``group`` is up (incarnation 1) and holds weight ``version``."""
 
-    group: str = attrs.field(validator=_check_name)
+    group: str = attrs.field(converter=_plain_str, validator=_check_name)
     version: int = attrs.field(validator=_check_version)
-    at: float = attrs.field(validator=_check_time, kw_only=True)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
 class ProbeFailed(Event):
-    group: str = attrs.field(validator=_check_name)
+    group: str = attrs.field(converter=_plain_str, validator=_check_name)
     incarnation: int = attrs.field(validator=_check_incarnation)
-    at: float = attrs.field(validator=_check_time, kw_only=True)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
 class ProbeOk(Event):
-    group: str = attrs.field(validator=_check_name)
+    group: str = attrs.field(converter=_plain_str, validator=_check_name)
     incarnation: int = attrs.field(validator=_check_incarnation)
-    at: float = attrs.field(validator=_check_time, kw_only=True)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
@@ -189,44 +252,44 @@ class GroupFailed(Event):
     """That process is dead (actor died, the health manager gave up on it, or it was killed
     after a deadline)."""
 
-    group: str = attrs.field(validator=_check_name)
+    group: str = attrs.field(converter=_plain_str, validator=_check_name)
     incarnation: int = attrs.field(validator=_check_incarnation)
-    at: float = attrs.field(validator=_check_time, kw_only=True)
-    reason: str = attrs.field(default="", validator=_check_text)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    reason: str = attrs.field(default="", converter=_plain_str, validator=_check_text)
 
 
 @attrs.frozen
 class RestartLoaded(Event):
     """The process started by RestartFromCheckpoint finished loading its checkpoint."""
 
-    group: str = attrs.field(validator=_check_name)
+    group: str = attrs.field(converter=_plain_str, validator=_check_name)
     incarnation: int = attrs.field(validator=_check_incarnation)
-    at: float = attrs.field(validator=_check_time, kw_only=True)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
 class RestartLoadFailed(Event):
-    group: str = attrs.field(validator=_check_name)
+    group: str = attrs.field(converter=_plain_str, validator=_check_name)
     incarnation: int = attrs.field(validator=_check_incarnation)
-    at: float = attrs.field(validator=_check_time, kw_only=True)
-    error: str = attrs.field(default="", validator=_check_text)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    error: str = attrs.field(default="", converter=_plain_str, validator=_check_text)
 
 
 @attrs.frozen
 class Relaunched(Event):
     """A cold restart finished: that process is up with no current weights."""
 
-    group: str = attrs.field(validator=_check_name)
+    group: str = attrs.field(converter=_plain_str, validator=_check_name)
     incarnation: int = attrs.field(validator=_check_incarnation)
-    at: float = attrs.field(validator=_check_time, kw_only=True)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
 
 
 @attrs.frozen
 class RelaunchFailed(Event):
-    group: str = attrs.field(validator=_check_name)
+    group: str = attrs.field(converter=_plain_str, validator=_check_name)
     incarnation: int = attrs.field(validator=_check_incarnation)
-    at: float = attrs.field(validator=_check_time, kw_only=True)
-    error: str = attrs.field(default="", validator=_check_text)
+    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    error: str = attrs.field(default="", converter=_plain_str, validator=_check_text)
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
