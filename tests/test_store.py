@@ -259,3 +259,88 @@ def test_a_checkpoint_under_another_versions_name_is_refused(store: CheckpointSt
     with pytest.raises(CorruptCheckpoint, match="names version 2"):
         load_checkpoint(store.root / "step-5")
     assert 5 not in store.scan().committed
+
+
+# Spellings int() reads as 2 that the store never writes: leading zeros, other scripts'
+# digits (Arabic-Indic, fullwidth), and a superscript that isdigit() accepts but int() does not.
+NOT_OURS = ["step-02", "step-002", "step-\u0662", "step-\uff12", "step-\u00b2"]
+
+
+def _tree(root: Path) -> list[tuple[str, int]]:
+    return sorted((str(p.relative_to(root)), p.stat().st_size) for p in root.rglob("*"))
+
+
+def test_only_the_canonical_name_is_adopted_and_none_hides_the_real_one(
+    store: CheckpointStore,
+) -> None:
+    import shutil
+
+    root = store.root
+    for name in NOT_OURS:
+        shutil.copytree(store.path_for(2), root / name)  # manifests that name version 2
+    report = store.scan()
+    assert report.committed == {1: root / "step-1", 2: root / "step-2"}
+    assert sorted(p.name for p in report.ignored) == sorted(NOT_OURS)
+    assert report.invalid == []
+    assert all((root / name).is_dir() for name in NOT_OURS)
+    # Without the real one, no look-alike stands in for it.
+    shutil.rmtree(store.path_for(2))
+    assert store.scan().committed == {1: root / "step-1"}
+
+
+@pytest.mark.parametrize("name", NOT_OURS)
+def test_a_look_alike_name_is_neither_deleted_nor_loaded(store: CheckpointStore, name: str) -> None:
+    import shutil
+
+    root = store.root
+    shutil.copytree(store.path_for(2), root / name)
+    before = _tree(root)
+    for given in (root / name, name):
+        with pytest.raises(UnsafePath, match="name must be"):
+            store.delete(given)
+    with pytest.raises(CorruptCheckpoint, match="not a name the store writes"):
+        load_checkpoint(root / name)
+    assert _tree(root) == before
+
+
+@pytest.mark.parametrize("name", [".tmp-step-02-00ff00ff00ff", ".tmp-step-\u0662-00ff00ff00ff",
+                                  ".tmp-step-2-00ff", ".tmp-step-2-00ff00ff00ff00"])  # fmt: skip
+def test_a_look_alike_temporary_is_not_removed(store: CheckpointStore, name: str) -> None:
+    root = store.root
+    (root / name).mkdir()
+    (root / name / "keep").write_text("not the store's")
+    report = store.scan()
+    assert report.removed_temp == [] and report.ignored == [root / name]
+    with pytest.raises(UnsafePath, match="name must be"):
+        store.delete(root / name)
+    assert (root / name / "keep").read_text() == "not the store's"
+
+
+@pytest.mark.parametrize("version", [-1, "2", True, 2.0, None])
+def test_a_path_for_a_version_that_is_not_one_is_refused(
+    store: CheckpointStore, version: object
+) -> None:
+    before = _tree(store.root)
+    for make in (store.path_for, store.temp_path):
+        with pytest.raises(UnsafePath, match="version"):
+            make(version)  # type: ignore[arg-type]
+    assert _tree(store.root) == before
+
+
+@pytest.mark.parametrize("version", [7.0, "2", "002", True, -2])
+def test_a_manifest_version_that_is_not_an_int_is_refused(
+    store: CheckpointStore, version: object
+) -> None:
+    path = store.path_for(2)
+    manifest = json.loads((path / MANIFEST).read_text())
+    (path / MANIFEST).write_text(json.dumps(manifest | {"version": version}))
+    for check in (store.verify, load_checkpoint):
+        with pytest.raises(CorruptCheckpoint, match="not an int"):
+            check(path)
+    assert set(store.scan().committed) == {1}
+
+
+def test_loading_a_missing_path_creates_nothing(tmp_path: Path) -> None:
+    with pytest.raises(CorruptCheckpoint, match="not a directory"):
+        load_checkpoint(tmp_path / "absent" / "step-1")
+    assert list(tmp_path.iterdir()) == []

@@ -17,7 +17,7 @@ import torch
 from ..errors import CorruptCheckpoint
 from . import hf_layout
 from .safetensors_io import DEFAULT_HASH, DTYPE_NAMES, tensor_digest, weights_digest
-from .store import CheckpointStore, verify_contents
+from .store import CheckpointStore, checkpoint_version, verify_contents
 
 
 @attrs.frozen
@@ -57,6 +57,15 @@ def load_checkpoint(path: str | os.PathLike[str], *, device: str = "cpu") -> Loa
     """Read every file once into memory, checking each byte against the manifest as it
     arrives; tied aliases are restored. Raises CorruptCheckpoint on any difference."""
     p = Path(path)
+    named = checkpoint_version(p.name)
+    if p.name.startswith("step-") and named is None:
+        # scan() ignores it too: "step-007" or "step-\u0667" is no name the store writes, and
+        # taking it for version 7 would let a stray copy pass for the real one.
+        raise CorruptCheckpoint(
+            f"{p}: not a name the store writes (step-<version>, plain decimal digits)"
+        )
+    if not p.is_dir():  # before CheckpointStore(p.parent), which would create the parent
+        raise CorruptCheckpoint(f"{p} is not a directory: not a committed checkpoint")
     manifest = CheckpointStore(p.parent).verify(p)  # presence and sizes first: cheap
     try:
         state = verify_contents(p, manifest, keep=True)
@@ -78,8 +87,7 @@ def load_checkpoint(path: str | os.PathLike[str], *, device: str = "cpu") -> Loa
         version = int(manifest["version"])
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise CorruptCheckpoint(f"{p}: the manifest is malformed ({err!r})") from err
-    named = p.name.removeprefix("step-")
-    if p.name.startswith("step-") and named.isdigit() and int(named) != version:
+    if named is not None and named != version:
         # As scan() does: a renamed or copied directory is not the version its name says.
         raise CorruptCheckpoint(f"{p}: the manifest names version {version}")
     return LoadedCheckpoint(version, p, state, manifest, digest)

@@ -1,6 +1,7 @@
 """The checkpoint root on disk: naming, manifests, start-up scan, verification, safe delete.
 
-Only a directory named ``step-<version>`` holding a valid manifest is a checkpoint. It gets
+Only a directory named ``step-<version>`` (the version in plain decimal, exactly as
+``path_for`` writes it) holding a valid manifest is a checkpoint. It gets
 there by an atomic rename of a fully written and fsynced ``.tmp-step-<version>-<hex>``
 sibling, so a crash can leave temporary directories behind but never a torn checkpoint.
 
@@ -26,9 +27,14 @@ from .safetensors_io import READ_CHUNK, new_hasher, read_verified
 
 MANIFEST = "recovery_manifest.json"
 FORMAT = "recovery_fsm/2"
-# Matched with fullmatch: a name with a trailing newline is not a checkpoint.
-_FINAL = re.compile(r"step-(\d+)")
-_TEMP = re.compile(r"\.tmp-step-(\d+)-[0-9a-f]+")
+# Exactly the names path_for and temp_path write, matched with fullmatch (a name with a
+# trailing newline is not ours). The version is plain ASCII decimal without leading zeros:
+# int() also reads "007", "+7", " 7" or other scripts' digits as 7, and a directory under such
+# a name was not written here, so it must neither be adopted (beside step-7 it would stand in
+# for it or hide it) nor deleted.
+_VERSION = r"(0|[1-9][0-9]*)"
+_FINAL = re.compile(rf"step-{_VERSION}")
+_TEMP = re.compile(rf"\.tmp-step-{_VERSION}-[0-9a-f]{{12}}")
 
 
 @attrs.frozen
@@ -37,6 +43,19 @@ class ScanReport:
     removed_temp: list[Path]
     invalid: list[tuple[Path, str]]
     ignored: list[Path]
+
+
+def checkpoint_version(name: str) -> int | None:
+    """The version a directory named ``name`` holds if the store could have written that
+    name (``step-<v>``, ``v`` in plain decimal), else None."""
+    m = _FINAL.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def _check_version(version: object) -> int:
+    if type(version) is not int or version < 0:
+        raise UnsafePath(f"a checkpoint version must be an int >= 0, got {version!r}")
+    return version
 
 
 def fsync_dir(path: Path) -> None:
@@ -64,10 +83,10 @@ class CheckpointStore:
         self.root = self.root.resolve()
 
     def path_for(self, version: int) -> Path:
-        return self.root / f"step-{version}"
+        return self.root / f"step-{_check_version(version)}"
 
     def temp_path(self, version: int) -> Path:
-        return self.root / f".tmp-step-{version}-{os.urandom(6).hex()}"
+        return self.root / f".tmp-step-{_check_version(version)}-{os.urandom(6).hex()}"
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -85,6 +104,9 @@ class CheckpointStore:
         for key in ("version", "hash", "weights_digest", "files", "shards", "tensors", "aliases"):
             if key not in data:
                 raise CorruptCheckpoint(f"{p}/{MANIFEST} has no {key!r}")
+        if type(data["version"]) is not int or data["version"] < 0:
+            # As for the directory's name: 7.0, "7" or "007" is not a version the exporter wrote.
+            raise CorruptCheckpoint(f"{p}/{MANIFEST} has version {data['version']!r}, not an int")
         return data
 
     def verify(self, path: str | os.PathLike[str], *, full: bool = False) -> dict[str, Any]:
@@ -126,16 +148,16 @@ class CheckpointStore:
             elif _TEMP.fullmatch(child.name) and child.is_dir():
                 shutil.rmtree(child)
                 removed.append(child)
-            elif (m := _FINAL.fullmatch(child.name)) and child.is_dir():
+            elif (version := checkpoint_version(child.name)) is not None and child.is_dir():
                 try:
                     manifest = self.verify(child, full=full)
                 except CorruptCheckpoint as err:
                     invalid.append((child, str(err)))
                     continue
-                if manifest.get("version") != int(m.group(1)):
+                if manifest.get("version") != version:
                     invalid.append((child, f"manifest names version {manifest.get('version')}"))
                     continue
-                committed[int(m.group(1))] = child
+                committed[version] = child
             else:
                 ignored.append(child)
         if removed:
@@ -157,7 +179,8 @@ class CheckpointStore:
         p = self.root / p.name
         if not (_FINAL.fullmatch(p.name) or _TEMP.fullmatch(p.name)):
             raise UnsafePath(
-                f"refusing {path}: the name must be step-<version> or a .tmp-step- directory"
+                f"refusing {path}: the name must be one the store writes: step-<version> "
+                f"(plain decimal, no leading zero) or .tmp-step-<version>-<12 hex digits>"
             )
         if p.is_symlink():
             raise UnsafePath(f"refusing {path}: it is a symlink")
@@ -174,7 +197,9 @@ class CheckpointStore:
             return
         # Rename first, so a crash mid-delete leaves a temporary that the next scan removes,
         # never a half-deleted step-<v> that looks like a checkpoint.
-        doomed = self.temp_path(int(p.name[len("step-") :]))
+        version = checkpoint_version(p.name)
+        assert version is not None  # check_deletable let only step-<v> and temporaries by
+        doomed = self.temp_path(version)
         os.rename(p, doomed)
         fsync_dir(self.root)
         shutil.rmtree(doomed)
