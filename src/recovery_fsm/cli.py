@@ -48,8 +48,14 @@ def _demo(args: argparse.Namespace) -> int:
         hf_interval=args.hf_interval,
     )  # fmt: skip
     live = {"auto": None, "on": True, "off": False}[args.live]
-    outcome = main(options, baseline=args.baseline, display=Display(live=live),
-                   timeline=not args.no_timeline)  # fmt: skip
+    from .demo import OutputInUse
+
+    try:
+        outcome = main(options, baseline=args.baseline, display=Display(live=live),
+                       timeline=not args.no_timeline)  # fmt: skip
+    except OutputInUse as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     if not outcome.ok:
         print("error: a safety counter is not 0 or the journal did not replay clean",
               file=sys.stderr)  # fmt: skip
@@ -142,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--hf-interval", type=int, default=4,
                    help="every N versions the export is also the HF save (0: never)")  # fmt: skip
-    m.add_argument("--out", default="demo-out", help="journals, checkpoints, timelines")
+    m.add_argument("--out", default="demo-out",
+                   help="where the run's journals, checkpoints and timelines go (OUT/immediate, "
+                        "OUT/cold); a run replaces the previous run's files there, and refuses "
+                        "a directory holding anything else (default demo-out)")  # fmt: skip
     m.add_argument("--baseline", action="store_true",
                    help="also run the same scenario on the cold path and compare")  # fmt: skip
     m.add_argument("--live", choices=["auto", "on", "off"], default="auto",

@@ -11,7 +11,18 @@ import attrs
 
 from .live import Display
 from .report import Report, render_plain, summarize
-from .run import KINDS, MODELS, DemoOptions, Incident, RunResult, plan, run
+from .run import (
+    KINDS,
+    MODELS,
+    RUNS,
+    DemoOptions,
+    Incident,
+    OutputInUse,
+    RunResult,
+    plan,
+    replace_previous_run,
+    run,
+)
 
 __all__ = [
     "KINDS",
@@ -19,11 +30,13 @@ __all__ = [
     "DemoOptions",
     "Display",
     "Incident",
+    "OutputInUse",
     "Report",
     "RunResult",
     "main",
     "plan",
     "render_plain",
+    "replace_previous_run",
     "run",
     "summarize",
 ]
@@ -42,10 +55,17 @@ class Outcome:
 
 def main(options: DemoOptions, *, baseline: bool = False, display: Display | None = None,
          timeline: bool = True) -> Outcome:  # fmt: skip
-    """Run the demo (starting a local Ray cluster if none is up) and print the report."""
+    """Run the demo (starting a local Ray cluster if none is up) and print the report.
+
+    Each run's files are its own: the previous run's under ``options.out`` are replaced
+    (``OutputInUse`` if it holds anything else), before Ray starts."""
     import ray
 
     display = display or Display()
+    replaced = replace_previous_run(options.out)
+    if replaced:
+        display.note(f"replaced the previous run's files in {options.out} "
+                     f"({', '.join(p.name for p in replaced)})")  # fmt: skip
     started_ray = not ray.is_initialized()
     if started_ray:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -56,7 +76,7 @@ def main(options: DemoOptions, *, baseline: bool = False, display: Display | Non
     try:
         for immediate in (True, False) if baseline else (True,):
             label = "immediate recovery" if immediate else "cold path (baseline)"
-            out = options.out / ("immediate" if immediate else "cold")
+            out = options.out / RUNS[0 if immediate else 1]
             display.begin(f"{label}: {options.groups} groups, {options.steps} steps of "
                           f"{options.step_s:g} s, model {options.model}, seed {options.seed}",
                           options.steps)  # fmt: skip

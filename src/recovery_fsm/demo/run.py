@@ -12,6 +12,8 @@ the journal (``Ledger``) or counted at the real actors and files.
 from __future__ import annotations
 
 import random
+import re
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +26,7 @@ import torch
 
 from .. import RecoveryConfig
 from .. import effects as fx
+from ..errors import RecoveryError
 from ..ledger import Ledger
 from ..link import ControllerLink
 from ..machines import LOADING, RELAUNCHING, SERVING, UP
@@ -38,6 +41,41 @@ MODELS: dict[str, dict[str, Any]] = {
 }
 KINDS = ("idle", "export", "loading", "double", "repeat")
 STARTING = LOADING | RELAUNCHING
+RUNS = ("immediate", "cold")  # a run's directory under --out, by path
+WRITTEN = frozenset({"journal.jsonl", "checkpoints", "timeline.png"})  # in a run's directory
+_CHECKPOINT = re.compile(r"step-\d+|\.tmp-step-\d+-[0-9a-f]+")
+
+
+class OutputInUse(RecoveryError):
+    """``--out`` holds something a demo run did not write, so it is not replaced."""
+
+
+def replace_previous_run(out: Path) -> list[Path]:
+    """Delete the previous run's directories under ``out`` (both paths, so a baseline from
+    an earlier run is not left beside this one) and return them.
+
+    A second run appending to the first's journal made it unreplayable, and the first's
+    checkpoints blocked the second's. Everything is checked before anything is deleted:
+    a directory holding anything the demo does not write raises ``OutputInUse``."""
+    found = [out / name for name in RUNS if (out / name).exists() or (out / name).is_symlink()]
+    for d in found:
+        if d.is_symlink() or not d.is_dir():
+            raise OutputInUse(f"{d} is not a directory a demo run wrote; choose another --out")
+        alien = [p.name for p in d.iterdir() if p.name not in WRITTEN]
+        ckpts = d / "checkpoints"
+        if ckpts.is_symlink() or (ckpts.exists() and not ckpts.is_dir()):
+            alien.append(ckpts.name)
+        elif ckpts.is_dir():
+            alien += [f"checkpoints/{p.name}" for p in ckpts.iterdir()
+                      if not _CHECKPOINT.fullmatch(p.name)]  # fmt: skip
+        if alien:
+            raise OutputInUse(
+                f"{d} holds files a demo run does not write ({', '.join(sorted(alien)[:3])}); "
+                "move them or choose another --out"
+            )
+    for d in found:
+        shutil.rmtree(d)
+    return found
 
 
 @attrs.frozen
@@ -48,7 +86,7 @@ class DemoOptions:
     step_s: float = 4.0
     chaos_rate: float = 0.7  # chance of an incident in a step (the 2nd to the 3rd-last)
     seed: int = 0
-    out: Path = Path("demo-out")
+    out: Path = Path("demo-out")  # each run replaces the previous run's files here
     hf_interval: int = 4  # every so many versions the export is also the HF save (pinned)
     settle_s: float = 30.0  # after the last step, how long to wait for outages to end
     request_interval_s: float = 0.2  # each group's pause between rollout requests
@@ -319,6 +357,9 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     journal = out / "journal.jsonl"
     root = out / "checkpoints"
+    if journal.exists() or (root.exists() and any(root.iterdir())):
+        # Appended to, the journal would not replay; old checkpoints would count as leaked.
+        raise OutputInUse(f"{out} already holds a run; give each run its own directory")
     config = model_config(options)
     counters = Counters()
     trainer = SyntheticTrainer(config, options.seed)
