@@ -241,6 +241,28 @@ def test_iterator_of_pairs_and_tokenizer(model: Any, tmp_path: Path) -> None:
     assert load_model(path).config.hidden_size == 64
 
 
+def test_every_file_a_full_export_writes_is_in_its_manifest(model: Any, tmp_path: Path) -> None:
+    """verify() refuses unlisted files: everything the exporter itself writes must be listed."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "hello": 1}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="<unk>")),
+                                  unk_token="<unk>")  # fmt: skip
+    with AsyncHFExporter(tmp_path, max_shard_size="100KB") as ex:
+        path = ex.export_model(
+            1, model, tokenizer=tok, generation_config=GenerationConfig(top_k=3)
+        ).result(60)
+    manifest = CheckpointStore(tmp_path).verify(path, full=True)
+    listed = set(manifest["files"]) | set(manifest["shards"])
+    assert set(os.listdir(path)) == listed | {MANIFEST}
+    assert {"config.json", "generation_config.json", "model.safetensors.index.json",
+            "tokenizer.json", "tokenizer_config.json"} <= listed  # fmt: skip
+    assert len(manifest["shards"]) > 2
+    assert load_model(path).generation_config.top_k == 3
+
+
 class SlowFile:
     """A real file whose writes take a while, so a cancel lands mid-export."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import struct
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -344,3 +346,67 @@ def test_loading_a_missing_path_creates_nothing(tmp_path: Path) -> None:
     with pytest.raises(CorruptCheckpoint, match="not a directory"):
         load_checkpoint(tmp_path / "absent" / "step-1")
     assert list(tmp_path.iterdir()) == []
+
+
+def _stray_safetensors(path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({"layer.0.weight": torch.zeros(64, 64)}, str(path))
+
+
+@pytest.mark.parametrize(
+    ("name", "make"),
+    [
+        # What vLLM would load beside the listed shards: it globs *.safetensors.
+        ("model-00004-of-00004.safetensors", _stray_safetensors),
+        ("notes.txt", lambda p: p.write_text("dropped in by hand")),
+        (".hidden", lambda p: p.write_bytes(b"")),
+        ("sub", lambda p: p.mkdir()),
+    ],
+)
+def test_a_file_the_manifest_does_not_list_is_refused(
+    store: CheckpointStore, name: str, make: Any
+) -> None:
+    path = store.path_for(1)
+    make(path / name)
+    before = _tree(store.root)
+    for check in (store.verify, lambda p: store.verify(p, full=True), load_checkpoint):
+        with pytest.raises(CorruptCheckpoint, match=f"{re.escape(name)} is not listed"):
+            check(path)
+    for full in (False, True):
+        report = store.scan(full=full)
+        assert set(report.committed) == {2}
+        assert [(p, name in why) for p, why in report.invalid] == [(path, True)]
+    assert _tree(store.root) == before  # refused, not cleaned up: it is not the store's file
+
+
+def test_a_manifest_naming_a_file_outside_its_directory_is_refused(
+    store: CheckpointStore,
+) -> None:
+    from recovery_fsm.export.store import file_digest
+
+    path, other = store.path_for(1), store.path_for(2)
+    manifest = json.loads((path / MANIFEST).read_text())
+    outside = next(other.glob("*.safetensors"))
+    name = f"../{other.name}/{outside.name}"
+    manifest["files"][name] = {
+        "size": outside.stat().st_size,
+        "digest": file_digest(outside, manifest["hash"]),
+    }
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    for check in (store.verify, lambda p: store.verify(p, full=True), load_checkpoint):
+        with pytest.raises(CorruptCheckpoint, match=f"{re.escape(name)} listed .* is missing"):
+            check(path)
+
+
+def test_a_listed_file_that_is_a_symlink_is_refused(store: CheckpointStore) -> None:
+    import shutil
+
+    path = store.path_for(1)
+    shard = next(path.glob("*.safetensors"))
+    kept = store.root.parent / f"{store.root.name}-{shard.name}"
+    shutil.move(shard, kept)  # the same bytes, now outside the checkpoint
+    shard.symlink_to(kept)
+    for check in (store.verify, lambda p: store.verify(p, full=True), load_checkpoint):
+        with pytest.raises(CorruptCheckpoint, match=f"{shard.name} listed .* is missing"):
+            check(path)

@@ -8,7 +8,10 @@ sibling, so a crash can leave temporary directories behind but never a torn chec
 The manifest (``recovery_fsm/2``) names its content hash and lists ``shards`` (safetensors
 files: size and the digest of their header), ``tensors`` (dtype, shape, file and the digest
 of their bytes), the other ``files`` (size and digest) and the ``weights_digest`` over all
-tensors. Every byte of a checkpoint is covered by exactly one digest.
+tensors. Every byte of a checkpoint is covered by exactly one digest, and the directory holds
+nothing the manifest does not list (an engine that reads the directory itself would load an
+unlisted ``*.safetensors`` unchecked). The exporter has listed every file it writes since
+this format began, so every ``recovery_fsm/2`` manifest passes that check as written.
 """
 
 from __future__ import annotations
@@ -110,17 +113,38 @@ class CheckpointStore:
         return data
 
     def verify(self, path: str | os.PathLike[str], *, full: bool = False) -> dict[str, Any]:
-        """Check the checkpoint against its manifest: every file's presence and size, and
-        with ``full`` every byte against its digest (one read of the whole checkpoint).
-        Without ``full`` a changed byte that keeps the size is not found; every recovery
-        load (``load_checkpoint``, ``load_model``) checks all bytes as it reads them."""
+        """Check the checkpoint against its manifest: the directory holds exactly the files
+        it lists (and itself), each of its size, and with ``full`` every byte against its
+        digest (one read of the whole checkpoint). Without ``full`` a changed byte that keeps
+        the size is not found; every recovery load (``load_checkpoint``, ``load_model``)
+        checks all bytes as it reads them.
+
+        An entry the manifest does not list is refused, whatever it is: an engine that
+        reads the directory itself (vLLM takes every ``*.safetensors``) would load it
+        unchecked. A listed name that is no entry of the directory (``../x``, ``a/b``) is
+        refused too, as is a symlink, so nothing outside the checkpoint is read as part of
+        it."""
         p = Path(path)
         manifest = self.read_manifest(p)
         try:
-            for name, meta in {**manifest["files"], **manifest["shards"]}.items():
+            present = set(os.listdir(p))
+        except OSError as err:
+            raise CorruptCheckpoint(f"{p} cannot be listed: {err}") from err
+        try:
+            listed = {**manifest["files"], **manifest["shards"]}
+            unlisted = sorted(present - set(listed) - {MANIFEST})
+            if unlisted:
+                raise CorruptCheckpoint(
+                    f"{p}: {unlisted[0]} is not listed in the manifest"
+                    + (f" (nor are {unlisted[1:]})" if len(unlisted) > 1 else "")
+                    + "; an engine reading the directory would load it unchecked"
+                )
+            for name, meta in listed.items():
                 f = p / name
-                if not f.is_file():
-                    raise CorruptCheckpoint(f"{p}: {name} listed in the manifest is missing")
+                if name not in present or f.is_symlink() or not f.is_file():
+                    raise CorruptCheckpoint(
+                        f"{p}: {name} listed in the manifest is missing (not a file in {p.name})"
+                    )
                 size = f.stat().st_size
                 if size != meta["size"]:
                     raise CorruptCheckpoint(
