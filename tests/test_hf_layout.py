@@ -39,11 +39,19 @@ CONFIGS = {
     "qwen2-tied": lambda: Qwen2Config(**SMALL, tie_word_embeddings=True),
     "mixtral-moe": lambda: MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2),
 }
+TIED = {
+    "llama-tied": lambda: LlamaConfig(**SMALL, tie_word_embeddings=True),
+    "qwen2-tied": CONFIGS["qwen2-tied"],
+    # An MoE whose other tensors transformers renames and splits on the way to the hub.
+    "mixtral-tied": lambda: MixtralConfig(
+        **SMALL, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=True
+    ),
+}
 
 
 def build(kind: str) -> Any:
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(CONFIGS[kind]()).eval()
+    return AutoModelForCausalLM.from_config({**CONFIGS, **TIED}[kind]()).eval()
 
 
 def on_disk(path: Path) -> dict[str, Any]:
@@ -130,6 +138,8 @@ def test_a_tied_tensor_keeps_its_canonical_name_whatever_the_order(tmp_path: Pat
     names = set(on_disk(path)["tensors"])
     assert "model.embed_tokens.weight" in names
     assert "lm_head.weight" not in names
+    aliases = load_checkpoint(path).manifest["aliases"]
+    assert aliases == {"lm_head.weight": "model.embed_tokens.weight"}
 
 
 def test_state_dict_path_takes_architectures_and_dtype_from_the_config(tmp_path: Path) -> None:
@@ -188,3 +198,34 @@ def test_a_config_that_is_not_json_is_refused_and_changes_nothing(tmp_path: Path
         with pytest.raises(BadExportInput, match="JSON"):
             ex.export(1, model.state_dict(), config=config)
         assert ex.export(1, model.state_dict()).result(60) == tmp_path / "step-1"
+
+
+@pytest.mark.parametrize("kind", sorted(TIED))
+def test_load_checkpoint_of_export_model_restores_the_tied_names(kind: str, tmp_path: Path) -> None:
+    model = build(kind)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    config = model.config.to_dict() | {"architectures": [type(model).__name__]}
+    with AsyncHFExporter(tmp_path) as ex:
+        ours = ex.export_model(1, model).result(60)
+        plain = ex.export(2, hub_state_dict(model) | {"lm_head.weight": model.lm_head.weight},
+                          config=config).result(60)  # fmt: skip
+    tied = {"lm_head.weight": "model.embed_tokens.weight"}
+    loaded = load_checkpoint(ours)
+    # As the state-dict path records it, and as the docstring promises.
+    assert loaded.manifest["aliases"] == load_checkpoint(plain).manifest["aliases"] == tied
+    assert "lm_head.weight" not in on_disk(ours)["tensors"]  # still written once
+    state = loaded.state_dict
+    assert state["lm_head.weight"] is state["model.embed_tokens.weight"]
+    assert set(state) == set(hub_state_dict(model)) | {"lm_head.weight"}
+    assert torch.equal(state["lm_head.weight"], model.lm_head.weight)
+    assert loaded.digest == model_digest(model)
+    again = load_model(ours)
+    assert again.lm_head.weight is again.model.embed_tokens.weight
+    assert model_digest(again) == loaded.digest
+
+
+@pytest.mark.parametrize("kind", ["llama-untied", "mixtral-moe"])
+def test_an_untied_model_records_no_aliases(kind: str, tmp_path: Path) -> None:
+    with AsyncHFExporter(tmp_path) as ex:
+        path = ex.export_model(1, build(kind)).result(60)
+    assert load_checkpoint(path).manifest["aliases"] == {}

@@ -232,7 +232,7 @@ class AsyncHFExporter:
             return cfg, hf_layout.generation_config_json(None, generation_config)
 
         return self._submit(
-            version, lambda: weights, configs, tokenizer, pinned, export_dtype, shard_size
+            version, lambda: (weights, {}), configs, tokenizer, pinned, export_dtype, shard_size
         )
 
     def export_model(
@@ -248,7 +248,8 @@ class AsyncHFExporter:
     ) -> ExportHandle:
         """Export a transformers model as ``save_pretrained`` would write it: tensors under
         their hub names (transformers' load-time conversions reverted), each tied group
-        once under the model's canonical name, ``config.json`` with ``architectures`` and the
+        once under the model's canonical name (its other names recorded as aliases, which
+        ``load_checkpoint`` restores), ``config.json`` with ``architectures`` and the
         ``dtype`` on disk, and ``generation_config.json`` (``generation_config``, else the
         model's own). The model and its config are not changed. For a model sharded by
         FSDP or tensor parallelism, gather the full weights and use ``export``."""
@@ -269,7 +270,7 @@ class AsyncHFExporter:
 
         return self._submit(
             version,
-            lambda: hf_layout.hub_state_dict(model),
+            lambda: hf_layout.hub_weights(model),
             configs,
             tokenizer,
             pinned,
@@ -289,7 +290,7 @@ class AsyncHFExporter:
     def _submit(
         self,
         version: int,
-        weights_of: Callable[[], Weights],
+        weights_of: Callable[[], tuple[Weights, dict[str, str]]],
         configs: Callable[[list[tuple[str, torch.Tensor]]], tuple[str | None, str | None]],
         tokenizer: Any,
         pinned: bool,
@@ -302,7 +303,10 @@ class AsyncHFExporter:
             self._check_order(version)  # before staging, so a refusal costs no copy
         with self._staging_slot() as buffers:
             try:
-                tensors, aliases = _stage(weights_of(), buffers)
+                weights, tied = weights_of()
+                tensors, aliases = _stage(weights, buffers)
+                # export_model's tied names, which hub_weights left out of the weights.
+                aliases |= {a: aliases.get(t, t) for a, t in tied.items() if a not in aliases}
                 config_json, gen_json = configs(tensors)
             except BaseException:
                 self._give_back(buffers)
@@ -667,8 +671,7 @@ def _stage(
             names.add(name)
             t = t.detach()
             if t.numel() > 0:
-                key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(),
-                       tuple(t.shape), tuple(t.stride()), t.dtype)  # fmt: skip
+                key = hf_layout.storage_key(t)
                 if key in seen:
                     aliases[name] = seen[key]
                     continue

@@ -12,7 +12,7 @@ functions for it, and work on a copy: the model and its config are left untouche
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -24,20 +24,75 @@ def hub_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """The tensors ``save_pretrained`` would write for ``model``, by the names it would use:
     keys it ignores on save dropped, each tied group kept once under the model's canonical
     name, and transformers' load-time conversions reverted (no copy where it can view)."""
+    return hub_weights(model)[0]
+
+
+def hub_weights(model: Any) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """``hub_state_dict(model)`` and its tied aliases: each tied name left out (e.g.
+    ``lm_head.weight``), mapped to the name its tensor is written under. The manifest
+    records them so that ``load_checkpoint`` gives back every name, as it does for
+    ``export`` of a state dict, whose aliases ``_stage`` finds by shared storage."""
     state = dict(model.state_dict())
     for key in getattr(model, "_keys_to_ignore_on_save", None) or ():
         state.pop(key, None)
+    before = dict(state)  # remove_tied_weights_from_state_dict edits the dict it is given
     try:
         from transformers.modeling_utils import remove_tied_weights_from_state_dict
     except ImportError:  # transformers 4: tied targets are listed by name
         state = _drop_tied_targets(model, state)
     else:
         state = remove_tied_weights_from_state_dict(state, model)
+    revert: Callable[[Any, dict[str, torch.Tensor]], Any] | None
     try:
-        from transformers.core_model_loading import revert_weight_conversion
+        from transformers.core_model_loading import revert_weight_conversion as revert
     except ImportError:  # transformers 4 keeps the hub layout in memory
-        return state
-    return dict(revert_weight_conversion(model, state))
+        revert = None
+    hub = state if revert is None else dict(revert(model, state))
+    written = {storage_key(t): name for name, t in hub.items() if _aliasable(t)}
+    aliases: dict[str, str] = {}
+    for name, t in before.items():
+        if name in state or not _aliasable(t):
+            continue
+        target = written.get(storage_key(t))
+        if target is None:
+            continue
+        alias = name if revert is None else _hub_name(revert, model, name, t)
+        if alias is not None and alias not in hub:
+            aliases[alias] = target
+    return hub, aliases
+
+
+def _hub_name(
+    revert: Callable[[Any, dict[str, torch.Tensor]], Any], model: Any, name: str, t: torch.Tensor
+) -> str | None:
+    """A tied name under the model's conversion, alone: a rename gives back one tensor, the
+    same one. Anything else (a split, a merge that wants its other parts) has no single hub
+    name to alias, and the export goes on without that alias."""
+    try:
+        out = list(revert(model, {name: t}).items())
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError):
+        return None
+    if len(out) == 1 and storage_key(out[0][1]) == storage_key(t):
+        return str(out[0][0])
+    return None
+
+
+def _aliasable(t: Any) -> bool:
+    """A tensor whose memory can be compared; anything else is left to ``_stage`` to
+    refuse with a clear error, or (empty tensors) to write under every name."""
+    return (
+        isinstance(t, torch.Tensor)
+        and t.layout == torch.strided
+        and t.device.type != "meta"
+        and t.numel() > 0
+    )
+
+
+def storage_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """Equal for two tensors exactly when they are the same view of the same memory (a tied
+    pair): what the exporter writes once and records the other name of as an alias."""
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(),
+            tuple(t.shape), tuple(t.stride()), t.dtype)  # fmt: skip
 
 
 def _drop_tied_targets(model: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
