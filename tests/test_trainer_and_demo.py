@@ -84,7 +84,7 @@ def test_close_runs_and_keeps_the_hf_save_when_the_trainer_raises(tmp_path: Path
     assert save.result(timeout=0) == rt.store.path_for(1)
     assert (rt.store.path_for(1) / "config.json").is_file()
     assert rt.exporter.closed and rt.controller.closed and rt.controller.drained
-    assert not rt.monitor._thread.is_alive()
+    assert not rt.monitor.running
     assert rt.actors("g0", 1) == []
     records = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
     kinds = [r["event"]["kind"] for r in records if "event" in r]
@@ -148,7 +148,31 @@ def test_export_wait_turns_a_miss_into_a_clean_sync(tmp_path: Path) -> None:
         assert hooks.before_weight_sync(2) == "clean"
         assert first.done()
         hooks.after_weight_sync(2, model, rt.push(model, 2))
-        assert hooks.metrics()["recovery/export_stall_total_s"] >= 0.2
+        m = hooks.metrics()
+        # The wait before the push belongs to this sync's stall, with the time after it.
+        assert m["recovery/export_stall_s"] >= 0.2 and m["recovery/export_stall_total_s"] >= 0.2
+        assert m["recovery/syncs_clean"] == 1 and m["recovery/syncs_missed"] == 0
+
+
+def test_a_failed_export_is_a_missed_sync_in_every_count(tmp_path: Path) -> None:
+    """The rules cool on a failed export as on a late one: the hooks and the metrics say
+    "missed" for it too, so syncs_missed and cooldown_entries tell one story."""
+
+    def refusing(path: Any) -> Any:
+        raise OSError("the disk refused")
+
+    model = trainer()
+    rt = runtime(tmp_path, exporter_options={"opener": refusing})
+    with rt, RecoveryHooks(rt) as hooks:
+        rt.start(model)
+        handle = sync(hooks, rt, model, 1)
+        assert handle.exception(timeout=30) is not None
+        assert hooks.before_weight_sync(2) == "missed"
+        hooks.after_weight_sync(2, model, rt.push(model, 2))
+        m = hooks.metrics()
+        assert m["recovery/syncs_missed"] == 1 and m["recovery/syncs_clean"] == 0
+        assert "recovery/syncs_failed" not in m
+        assert m["recovery/cooldown_entries"] == len(rt.groups)  # every switch cooled once
 
 
 def test_a_short_seeded_demo_and_its_baseline_report_zeros_and_replay_clean(

@@ -16,6 +16,7 @@ from .effects import (
 from .errors import (
     BadExportInput,
     ControllerBroken,
+    ControllerStopped,
     CorruptCheckpoint,
     EventNotAllowed,
     ExportCancelledError,
@@ -48,15 +49,18 @@ from .events import (
     Tick,
     WeightsSynced,
 )
+from .machines import SYNC_VERDICTS, sync_verdict
 from .rules import Lease, RecoveryConfig, Rules
 
 __all__ = [
+    "SYNC_VERDICTS",
     "BadExportInput",
     "CancelExport",
     "CheckpointDeleted",
     "CheckpointPinned",
     "CheckpointView",
     "ControllerBroken",
+    "ControllerStopped",
     "CorruptCheckpoint",
     "DeleteCheckpoint",
     "Effect",
@@ -98,4 +102,5 @@ __all__ = [
     "WeightsSynced",
     "WithdrawTraffic",
     "WrongIncarnation",
+    "sync_verdict",
 ]

@@ -40,7 +40,7 @@ from .errors import (
 )
 from .invariants import violations
 from .journal import encode
-from .machines import UP
+from .machines import LOADING, SERVING, UP
 from .rules import Lease, RecoveryConfig, Rules
 
 __all__ = [
@@ -66,6 +66,21 @@ class GroupView:
     recovery: str  # its immediate-recovery switch: enabled, cooldown or disabled
     restarts: int
     lease: Lease | None  # held by its current incarnation while its load runs
+
+    @property
+    def serving(self) -> bool:
+        """Routed: requests may go to its current process."""
+        return self.state in SERVING
+
+    @property
+    def up(self) -> bool:
+        """Its current process runs and can take a weight push."""
+        return self.state in UP
+
+    @property
+    def loading(self) -> bool:
+        """Its current process is being started or loads a checkpoint."""
+        return self.state in LOADING
 
 
 @attrs.frozen

@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from .machines import SERVING
+from .machines import SERVING, SYNC_VERDICTS, sync_verdict
 
 PATHS = ("immediate", "waited", "cold")
 
@@ -89,8 +89,12 @@ class _Outage:
 class Ledger:
     """Folds journal records, in step order, into what happened; safe to read from any thread."""
 
-    def __init__(self, records: Iterable[Mapping[str, Any]] = ()) -> None:
+    def __init__(self, records: Iterable[Mapping[str, Any]] = (), *, keep: int = 10_000) -> None:
+        """``keep``: how many of each kind of fact (spans, syncs, exports, failures,
+        admissions, recoveries) are kept for reading; older ones are folded into running
+        totals, so the counts and idle seconds stay exact over a run of any length."""
         self._lock = threading.Lock()
+        self._keep = keep
         self.header: Mapping[str, Any] | None = None
         self.version = 0  # the fleet's version after the last record
         self.first_at: float | None = None
@@ -103,7 +107,15 @@ class Ledger:
         self._crashes: list[Mark] = []
         self._admissions: list[Mark] = []
         self._recoveries: list[Recovery] = []
+        # Totals over everything, dropped facts included.
+        self.failures = 0
+        self._recovered: dict[str, int] = dict.fromkeys(PATHS, 0)
+        self._committed = 0
+        self._dropped_idle_s = 0.0
+        self._dropped_groups: set[str] = set()
         self.cooldowns = 0  # entries of an immediate-recovery switch into cooldown
+        # Per sync, how the previous version's export had fared (the rules' verdict).
+        self.sync_verdicts: dict[str, int] = dict.fromkeys(SYNC_VERDICTS, 0)
         self.refused = 0  # records of refused events
         self._outages: dict[str, _Outage] = {}
         for record in records:
@@ -139,16 +151,22 @@ class Ledger:
         self.last_at = at
         kind = event["kind"]
         if kind == "WeightsSynced":
+            left = self._exports.get(self.version)
+            verdict = sync_verdict(None if left is None else left.outcome == "committed")
+            self.sync_verdicts[verdict] += 1
             self.version = int(event["version"])
-            self._syncs.append((at, self.version))
+            self._keep_last(self._syncs, (at, self.version))
         elif kind == "ExportStarted":
             v = int(event["version"])
             self._exports[v] = ExportSpan(v, at, None, "running")
+            while len(self._exports) > self._keep:
+                del self._exports[min(self._exports)]
         elif kind in ("ExportCommitted", "ExportFailed", "ExportCancelled"):
             v = int(event["version"])
             started = self._exports.get(v)
             outcome = kind.removeprefix("Export").lower()
             self._exports[v] = ExportSpan(v, started.start if started else at, at, outcome)
+            self._committed += outcome == "committed"
         elif kind == "Shutdown":
             self.shutdown_at = at
         effects = record.get("effects", ())
@@ -158,8 +176,9 @@ class Ledger:
             self._transition(at, label, name, target, event, stops)
         for effect in effects:
             if effect["kind"] == "RouteTraffic":
-                self._admissions.append(
-                    Mark(at, effect["group"], int(effect["incarnation"]), str(effect["version"]))
+                self._keep_last(
+                    self._admissions,
+                    Mark(at, effect["group"], int(effect["incarnation"]), str(effect["version"])),
                 )
 
     def _transition(
@@ -180,14 +199,15 @@ class Ledger:
             return
         span = self._open.pop(who, None)
         if span is not None:
-            self._closed.append(attrs.evolve(span, end=at))
+            self._keep_last(self._closed, attrs.evolve(span, end=at))
         self._open[who] = Span(who, target, at, None)
         outage = self._outages.get(who)
         if name == "fail":
             stop = stops.get(who, {})
             why = event.get("reason") or event.get("error") or stop.get("reason") or event["kind"]
             inc = event.get("incarnation", stop.get("incarnation", 0))
-            self._crashes.append(Mark(at, who, int(inc), str(why)))
+            self._keep_last(self._crashes, Mark(at, who, int(inc), str(why)))
+            self.failures += 1
             if outage is None:
                 self._outages[who] = _Outage(at)
             else:  # a restart failed: the path is decided again from here
@@ -204,9 +224,21 @@ class Ledger:
             outage.path = "cold"
         elif name == "admit":
             del self._outages[who]
-            self._recoveries.append(Recovery(who, outage.failed_at, at, outage.path or "cold"))
+            path = outage.path or "cold"
+            self._keep_last(self._recoveries, Recovery(who, outage.failed_at, at, path))
+            self._recovered[path] += 1
         elif target in ("retired", "stopped"):
             del self._outages[who]
+
+    def _keep_last(self, facts: list[Any], fact: Any) -> None:
+        """Append, dropping the oldest beyond ``keep`` (a dropped span's idle time is kept)."""
+        facts.append(fact)
+        if len(facts) > self._keep:
+            old = facts.pop(0)
+            if isinstance(old, Span):
+                self._dropped_groups.add(old.group)
+                if old.state not in SERVING and old.state != "stopped" and old.end is not None:
+                    self._dropped_idle_s += old.end - old.start
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -248,18 +280,25 @@ class Ledger:
 
     def groups(self) -> list[str]:
         with self._lock:
-            return sorted({s.group for s in self._closed} | set(self._open))
+            return sorted({s.group for s in self._closed} | set(self._open) | self._dropped_groups)
 
     def idle_group_seconds(self, until: float | None = None) -> float:
         """Seconds each group spent not serving, summed, from its registration to ``until``
         (default: the shutdown, else the last record). A stopped group is not idle."""
         end = until if until is not None else (self.shutdown_at or self.last_at or 0.0)
-        total = 0.0
+        with self._lock:
+            total = self._dropped_idle_s  # spans dropped had ended before any kept one
         for s in self.spans(until=end):
             if s.state in SERVING or s.state == "stopped" or s.start >= end:
                 continue
             total += min(s.end if s.end is not None else end, end) - s.start
         return total
+
+    @property
+    def recovered(self) -> dict[str, int]:
+        """Recoveries per path over the whole run (``latencies`` holds the kept ones)."""
+        with self._lock:
+            return dict(self._recovered)
 
     def latencies(self, path: str) -> list[float]:
         with self._lock:
@@ -268,18 +307,23 @@ class Ledger:
     def metrics(self, until: float | None = None) -> dict[str, float]:
         """Plain numbers for a trainer's logger, under ``recovery/``."""
         out: dict[str, float] = {
-            "recovery/failures": float(len(self.crashes)),
+            "recovery/failures": float(self.failures),
             "recovery/idle_group_s": self.idle_group_seconds(until),
             "recovery/cooldown_entries": float(self.cooldowns),
         }
+        with self._lock:
+            for verdict, n in self.sync_verdicts.items():
+                out[f"recovery/syncs_{verdict}"] = float(n)
         for path in PATHS:
             lat = self.latencies(path)
-            out[f"recovery/{path}_count"] = float(len(lat))
+            with self._lock:
+                out[f"recovery/{path}_count"] = float(self._recovered[path])
             if lat:
                 out[f"recovery/{path}_latency_p50_s"] = percentile(lat, 50)
                 out[f"recovery/{path}_latency_p95_s"] = percentile(lat, 95)
         done = [e for e in self.exports if e.outcome == "committed" and e.end is not None]
-        out["recovery/exports_committed"] = float(len(done))
+        with self._lock:
+            out["recovery/exports_committed"] = float(self._committed)
         if done:
             out["recovery/export_duration_s"] = done[-1].end - done[-1].start  # type: ignore[operator]
         return out

@@ -24,11 +24,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
-from .controller import RecoveryController
+from .controller import CheckpointView, GroupView, RecoveryController
 from .effects import Effect
 from .events import Event
 
@@ -41,6 +41,83 @@ class EffectError:
 
     effect: Effect
     error: BaseException
+
+
+class FailedEffects:
+    """The one policy of every effect executor (this link, the remote link, the Ray runner):
+    an effect whose execution raised is kept here, counted and retryable, and never counted
+    as done. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: list[EffectError] = []
+        self.total = 0  # every failure ever kept, retried or not
+
+    def add(self, effect: Effect, error: BaseException) -> None:
+        with self._lock:
+            self._kept.append(EffectError(effect, error))
+            self.total += 1
+
+    def take(self) -> list[EffectError]:
+        """Every kept failure, oldest first; they are no longer kept (to be retried)."""
+        with self._lock:
+            taken, self._kept = self._kept, []
+            return taken
+
+    @property
+    def kept(self) -> tuple[EffectError, ...]:
+        with self._lock:
+            return tuple(self._kept)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._kept)
+
+
+class Link(Protocol):
+    """What a runtime needs from a link to its controller, in-process or remote."""
+
+    def send(self, cls: type[Event], **fields: Any) -> tuple[Effect, ...]: ...
+
+    @property
+    def errors(self) -> tuple[EffectError, ...]: ...
+
+    def retry_failed(self) -> int: ...
+
+    def join(self, timeout: float | None = None) -> bool: ...
+
+    def close(self, timeout: float | None = None) -> bool: ...
+
+
+class ControllerQueries(Protocol):
+    """The read-only queries a runtime asks of its controller, in-process or remote."""
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def drained(self) -> bool: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def up_groups(self) -> dict[str, int]: ...
+
+    def group(self, name: str) -> GroupView: ...
+
+    def groups(self) -> dict[str, GroupView]: ...
+
+    def incarnation(self, group: str) -> int: ...
+
+    def group_state(self, group: str) -> str: ...
+
+    def recovery_state(self, group: str) -> str: ...
+
+    def checkpoint_state(self, version: int) -> str: ...
+
+    def checkpoints(self) -> dict[int, CheckpointView]: ...
+
+    def outstanding(self) -> list[str]: ...
 
 
 class ControllerLink:
@@ -59,7 +136,7 @@ class ControllerLink:
         self._cv = threading.Condition()
         self._queue: collections.deque[Effect] = collections.deque()
         self._busy = 0  # effects taken off the queue and not finished
-        self._errors: list[EffectError] = []
+        self.failed = FailedEffects()
         self._closing = False
         self._thread: threading.Thread | None = None
         if execute is not None:
@@ -87,8 +164,8 @@ class ControllerLink:
 
     @property
     def errors(self) -> tuple[EffectError, ...]:
-        with self._cv:
-            return tuple(self._errors)
+        """Effects whose ``execute`` raised, oldest first, until ``retry_failed``."""
+        return self.failed.kept
 
     @property
     def pending(self) -> int:
@@ -100,8 +177,8 @@ class ControllerLink:
         """Run again every effect whose ``execute`` raised, in their order, after what is
         queued; returns how many. By then later effects may have run: an adapter should
         check a retried effect against ``controller.group(...)`` before acting on it."""
+        failed = self.failed.take()
         with self._cv:
-            failed, self._errors = self._errors, []
             if not self._closing:
                 self._queue.extend(f.effect for f in failed)
                 self._cv.notify_all()
@@ -156,5 +233,4 @@ class ControllerLink:
             self._execute(effect)
         except BaseException as err:  # even SystemExit must not kill the dispatcher silently
             log.exception("executing %r failed; kept in link.errors", effect)
-            with self._cv:
-                self._errors.append(EffectError(effect, err))
+            self.failed.add(effect, err)

@@ -182,3 +182,17 @@ MACHINES: dict[str, type[StateMachine]] = {
     "worker_group": WorkerGroupMachine,
     "immediate_recovery": ImmediateRecoveryMachine,
 }
+
+
+# How the export of the version a sync leaves had fared by that sync: the one vocabulary of
+# the rules (which cool on a miss), the ledger and the trainer hooks.
+SYNC_CLEAN, SYNC_MISSED, SYNC_NONE = "clean", "missed", "none"
+SYNC_VERDICTS = (SYNC_CLEAN, SYNC_MISSED, SYNC_NONE)
+
+
+def sync_verdict(export_committed: bool | None) -> str:
+    """``clean`` if the export committed, ``missed`` if it started and did not (still
+    writing, failed or cancelled), ``none`` if it never started (the sync does not count)."""
+    if export_committed is None:
+        return SYNC_NONE
+    return SYNC_CLEAN if export_committed else SYNC_MISSED

@@ -54,6 +54,15 @@ from C(v) if that is ready and its switch is enabled, waits if C(v) is being wri
 about to be: a sync announced v and ``export_every_sync`` says its export follows), and goes
 cold in every other case.
 
+Three consequences a reader may miss:
+
+* a group registered on weights older than the fleet's is up but not serving: it catches up
+  like any stale process (loads C(v) in place once ready, or is admitted by the next sync);
+* a load killed at its deadline cools the group's switch (the checkpoint path failed), a
+  relaunch killed at its deadline does not (no checkpoint was involved);
+* a commit loads C(v) in place only into processes whose switch is enabled; a cooling group
+  waits for the next sync, as the cold path does.
+
 Every event is checked completely before anything changes (the ``_require_*`` helpers, which
 raise a typed ``RecoveryError``); only then do machines move. The hosting code
 (``controller.py``) serializes events, journals them and stops for good on any other error.
@@ -82,6 +91,7 @@ from .machines import (
     LOADING,
     RELAUNCHING,
     SERVING,
+    SYNC_MISSED,
     UP,
     WAITING,
     CheckpointMachine,
@@ -92,6 +102,7 @@ from .machines import (
     RecoveryRecord,
     WorkerGroupMachine,
     sources,
+    sync_verdict,
 )
 
 
@@ -127,6 +138,10 @@ class RecoveryConfig:
     # The trainer exports after every sync: a group failing between the sync and the
     # export's start waits for it instead of going cold.
     export_every_sync: bool = attrs.field(default=True, validator=_flag)
+
+
+# Final checkpoint states remembered (for clear refusals and queries about recent versions).
+FINISHED_KEPT = 16
 
 
 @attrs.frozen
@@ -277,7 +292,7 @@ class Rules:
         self._make_checkpoints_stale()
         for g in self.groups.values():
             if outcome is not None:
-                self._count_sync(g, missed=outcome == "missed")
+                self._count_sync(g, missed=outcome == SYNC_MISSED)
             r = g.record
             if r.state in UP:
                 if e.groups.get(r.name) == r.incarnation:
@@ -291,13 +306,13 @@ class Rules:
                 self._relaunch(g)
 
     def _export_outcome(self, old: int) -> str | None:
-        """How the export of ``old`` fared by the sync that leaves it: "clean" (committed),
-        "missed" (started, not committed), or None (never started: the sync does not count)."""
+        """How the export of ``old`` fared by the sync that leaves it (``sync_verdict``), or
+        None if it never started: the sync does not count."""
         ck = self.checkpoints.get(old)
         state = ck.record.state if ck is not None else self.finished.get(old)
         if state is None:
             return None
-        return "clean" if state in COMMITTED or state == "deleted" else "missed"
+        return sync_verdict(state in COMMITTED or state == "deleted")
 
     def _count_sync(self, g: _Group, missed: bool) -> None:
         """A missed export cools immediate recovery down; N clean syncs in a row end it."""
@@ -608,8 +623,12 @@ class Rules:
             self._emit(fx.DeleteCheckpoint(ck.record.version, ck.record.path))
 
     def _forget(self, ck: _Checkpoint) -> None:
+        """Keep only the final state; of those, only the latest ``FINISHED_KEPT`` (the rules
+        read the current and the previous version's: an older one is refused as unknown)."""
         del self.checkpoints[ck.record.version]
         self.finished[ck.record.version] = str(ck.record.state)
+        while len(self.finished) > FINISHED_KEPT:
+            del self.finished[min(self.finished)]
 
     def _awaiting(self) -> Iterator[_Group]:
         return (g for g in list(self.groups.values()) if g.record.state == "awaiting_checkpoint")

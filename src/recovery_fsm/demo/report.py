@@ -56,7 +56,7 @@ def summarize(result: RunResult) -> Report:
         "loads from deleted paths": stats.loads_from_deleted,
         "leaked checkpoint dirs": len(result.leaked),
         "lost effects": (
-            len(result.outstanding) + stats.lost_reports + stats.failed_deletes
+            len(result.outstanding) + stats.lost_reports + stats.failed_effects
             + result.link_errors + (0 if result.drained else 1)
         ),
     }  # fmt: skip

@@ -28,6 +28,7 @@ from .. import CheckpointView, GroupView, RecoveryConfig, RecoveryController
 from .. import effects as fx
 from .. import events as ev
 from ..journal import JsonlJournal
+from ..link import EffectError, FailedEffects
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class RecoveryControllerActor:
     """A controller in its own Ray actor (use ``RecoveryControllerActor.launch``)."""
 
     def __init__(self, config: RecoveryConfig, initial_version: int, journal: str | None) -> None:
+        self._journal_path = journal
         self._journal = JsonlJournal(journal) if journal else None
         self._controller = RecoveryController(
             config, initial_version=initial_version, journal=self._journal
@@ -98,6 +100,10 @@ class RecoveryControllerActor:
         value = getattr(self._controller, name)
         return value(*args) if callable(value) else value
 
+    def journal_path(self) -> str | None:
+        """Where this controller's journal is (to rebuild from after fail-stop)."""
+        return self._journal_path
+
     def close(self) -> None:
         if self._journal is not None:
             self._journal.close()
@@ -118,6 +124,14 @@ class RemoteController:
 
     def _q(self, name: str, *args: Any) -> Any:
         return ray.get(self.actor.query.remote(name, *args), timeout=self._timeout)
+
+    def journal_path(self) -> str | None:
+        path = ray.get(self.actor.journal_path.remote(), timeout=self._timeout)
+        return None if path is None else str(path)
+
+    @property
+    def version(self) -> int:
+        return int(self._q("version"))
 
     def up_groups(self) -> dict[str, int]:
         return dict(self._q("up_groups"))
@@ -159,7 +173,9 @@ class RemoteLink:
     """``send`` to the named actor, and a thread that drains its outbox into ``execute``,
     one effect at a time, in order, as ``ControllerLink`` runs them. Every call to the actor
     has a timeout; after ``close`` the effects of a late ``send`` run on the caller's thread
-    (as ``ControllerLink`` does)."""
+    (as ``ControllerLink`` does). An effect whose ``execute`` raised is kept in ``errors``
+    (retry with ``retry_failed``), as every executor does: the outbox number acknowledges
+    that it was delivered, never that it was done."""
 
     def __init__(
         self, actor: Any, execute: Callable[[fx.Effect], None], timeout_s: float = 30.0
@@ -167,7 +183,8 @@ class RemoteLink:
         self.actor = actor
         self._execute = execute
         self._timeout = timeout_s
-        self._acked = 0  # the number of the last effect executed
+        self._acked = 0  # the number of the last effect delivered to execute
+        self.failed = FailedEffects()
         self._pump = threading.RLock()  # one executor of the outbox at a time
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._drain, name="recovery-fsm-remote", daemon=True)
@@ -195,10 +212,28 @@ class RemoteLink:
                     continue
                 try:
                     self._execute(effect)
-                except Exception:
-                    log.exception("executing %r raised", effect)
+                except BaseException as err:
+                    log.exception("executing %r raised; kept in link.errors", effect)
+                    self.failed.add(effect, err)
                 self._acked = number
             return len(batch)
+
+    @property
+    def errors(self) -> tuple[EffectError, ...]:
+        return self.failed.kept
+
+    def retry_failed(self) -> int:
+        """Execute the kept failures again, in their order, on the caller's thread; returns
+        how many (those that raise again are kept again)."""
+        failed = self.failed.take()
+        with self._pump:  # not beside the outbox's executor
+            for f in failed:
+                try:
+                    self._execute(f.effect)
+                except BaseException as err:
+                    log.exception("executing %r raised again", f.effect)
+                    self.failed.add(f.effect, err)
+        return len(failed)
 
     def _drain(self) -> None:
         while not self._stop.is_set():

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from .. import RecoveryError
+from .. import RecoveryError, sync_verdict
 from ..export import ExportHandle
 from ..ledger import Ledger
 
@@ -57,6 +57,10 @@ class Runtime(Protocol):
     ) -> ExportHandle: ...
 
     def close(self) -> bool: ...
+
+    def raise_if_stopped(self) -> None:
+        """Raise ``ControllerStopped`` once the controller broke (fail-stop)."""
+        ...
 
 
 @attrs.frozen
@@ -98,17 +102,18 @@ class RecoveryHooks:
         self._last_version: int | None = None
         self._last: ExportHandle | None = None
         self._hf_saves: dict[int, ExportHandle] = {}
-        self._verdicts = {"clean": 0, "missed": 0, "failed": 0}
-        self._stall_s = 0.0
+        self._stall_s = 0.0  # the last sync's, before and after the push together
         self._stall_total_s = 0.0
         self._closed: Closed | None = None
 
     # -- the hook points -----------------------------------------------------------------
 
     def before_weight_sync(self, version: int) -> str:
-        """Call before pushing ``version``. Settles the previous export: ``"clean"`` (it
-        committed), ``"missed"`` (still writing: unless it commits before the sync is
-        reported, it is abandoned and recovery cools), ``"failed"``, or ``"none"``."""
+        """Call before pushing ``version``. Looks at the previous export in the rules'
+        words: ``"clean"`` (it committed), ``"missed"`` (it failed, or is still writing:
+        unless it commits before the sync is reported it is abandoned; either way recovery
+        cools), or ``"none"``. ``metrics()`` counts what the controller decided."""
+        self.runtime.raise_if_stopped()
         with self._lock:
             self._check_open()
             if type(version) is not int or version < 0:
@@ -128,19 +133,14 @@ class RecoveryHooks:
             last = self._last
             self._announced = version
         start = self._clock()
-        verdict = "none"
+        committed = None
         if last is not None:
             if not last.done() and self.export_wait_s > 0:
                 with contextlib.suppress(Exception):  # a timeout: then it is missed
                     last.future.exception(timeout=self.export_wait_s)
-            if not last.done():
-                verdict = "missed"
-            else:
-                verdict = "clean" if last.future.exception() is None else "failed"
-            with self._lock:
-                self._verdicts[verdict] += 1
-        self._stalled(self._clock() - start)
-        return verdict
+            committed = last.done() and last.future.exception() is None
+        self._stalled(self._clock() - start, new_sync=True)
+        return sync_verdict(committed)
 
     def after_weight_sync(
         self,
@@ -165,6 +165,7 @@ class RecoveryHooks:
                     f"after_weight_sync({version}) without before_weight_sync({version})"
                     + (f" (the open sync is to {self._announced})" if self._announced else "")
                 )
+        self.runtime.raise_if_stopped()
         start = self._clock()
         try:
             handle = self.runtime.synced(
@@ -220,13 +221,12 @@ class RecoveryHooks:
     def metrics(self) -> dict[str, float]:
         """Recovery's own figures as plain floats under ``recovery/``: export stall (the
         trainer's time in these hooks), export duration, recovery latency per path, idle
-        group-seconds, cooldown entries, sync verdicts."""
+        group-seconds, cooldown entries, and the syncs by the controller's verdict (the
+        ledger's, so ``syncs_missed`` and ``cooldown_entries`` tell one story)."""
         out = self.runtime.ledger.metrics()
         with self._lock:
             out["recovery/export_stall_s"] = self._stall_s
             out["recovery/export_stall_total_s"] = self._stall_total_s
-            for verdict, n in self._verdicts.items():
-                out[f"recovery/syncs_{verdict}"] = float(n)
             out["recovery/hf_saves"] = float(len(self._hf_saves))
         return out
 
@@ -235,9 +235,10 @@ class RecoveryHooks:
         with self._lock:
             return dict(self._hf_saves)
 
-    def _stalled(self, seconds: float) -> None:
+    def _stalled(self, seconds: float, *, new_sync: bool = False) -> None:
+        """Add to the stall of this sync (``new_sync``: its first part, before the push)."""
         with self._lock:
-            self._stall_s = seconds
+            self._stall_s = seconds if new_sync else self._stall_s + seconds
             self._stall_total_s += seconds
 
     def _check_open(self) -> None:

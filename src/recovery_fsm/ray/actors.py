@@ -1,0 +1,186 @@
+"""Which Ray actors run which group's process, and how to start and kill them.
+
+The table holds one entry per group, never one per incarnation: a group's current process
+(its incarnation number and actor handles, when it started) and the highest incarnation told
+to stop. Incarnations only grow and a group's starts run in order (one lane per group), so
+"told to stop" is a floor, not a set: a boot for an incarnation at or below it comes too
+late and is killed, whoever asked for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import attrs
+import ray
+
+from .engine import WeightsHeld
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class Process:
+    """A group's current process: its number, its actors and when they started."""
+
+    incarnation: int
+    actors: tuple[Any, ...]
+    started_at: float
+
+
+def kill(actors: Iterable[Any]) -> None:
+    """Kill by handle, never by name: only actors this runtime made."""
+    for a in actors:
+        try:
+            ray.kill(a, no_restart=True)
+        except Exception:  # already gone
+            log.debug("ray.kill of an actor that is already gone", exc_info=True)
+
+
+class ActorTable:
+    """The actor handles of each group's current process. Lock order: leaf (calls nothing
+    while holding its lock)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._current: dict[str, Process] = {}
+        self._stopped: dict[str, int] = {}  # group -> highest incarnation told to stop
+        self._closed = False  # any boot that comes later is killed
+
+    def of(self, group: str, incarnation: int) -> list[Any]:
+        """The actors of that process, or [] if it is not the group's current one."""
+        with self._lock:
+            p = self._current.get(group)
+            return list(p.actors) if p is not None and p.incarnation == incarnation else []
+
+    def started_at(self, group: str, incarnation: int) -> float | None:
+        with self._lock:
+            p = self._current.get(group)
+            return p.started_at if p is not None and p.incarnation == incarnation else None
+
+    def replace(self, group: str, incarnation: int, actors: list[Any]) -> list[Any]:
+        """Make ``actors`` the group's current process; returns the actors to kill: those
+        they replace, or ``actors`` themselves if they come too late (this incarnation or a
+        later one was told to stop, or the table is closed)."""
+        with self._lock:
+            current = self._current.get(group)
+            late = (
+                self._closed
+                or incarnation <= self._stopped.get(group, 0)
+                or (current is not None and incarnation < current.incarnation)
+            )
+            if late:
+                return actors
+            self._current[group] = Process(incarnation, tuple(actors), self._clock())
+            return list(current.actors) if current is not None else []
+
+    def renumber(self, group: str, previous: int, incarnation: int) -> None:
+        """The process ``previous`` goes on as ``incarnation`` (a load in place); nothing
+        happens if it was replaced or stopped meanwhile."""
+        with self._lock:
+            p = self._current.get(group)
+            if p is not None and p.incarnation == previous and p.actors:
+                self._current[group] = attrs.evolve(p, incarnation=incarnation)
+
+    def take(self, group: str, incarnation: int | None = None) -> list[Any]:
+        """Remove (to kill) the group's current actors, or only those of ``incarnation``,
+        which stays stopped even if its actors do not exist yet."""
+        with self._lock:
+            p = self._current.get(group)
+            if incarnation is not None:
+                self._stopped[group] = max(self._stopped.get(group, 0), incarnation)
+                if p is None or p.incarnation != incarnation:
+                    return []
+            if p is None:
+                return []
+            del self._current[group]
+            return list(p.actors)
+
+    def close(self) -> list[Any]:
+        """No boot is kept from now on; returns every actor still in the table (to kill)."""
+        with self._lock:
+            self._closed = True
+            actors = [a for p in self._current.values() for a in p.actors]
+            self._current.clear()
+            return actors
+
+    def sizes(self) -> Mapping[str, int]:
+        """Entries per structure (for the bounded-bookkeeping test)."""
+        with self._lock:
+            return {"current": len(self._current), "stopped": len(self._stopped)}
+
+
+@attrs.frozen
+class Booted:
+    """Every actor of the process answered; what each says it holds."""
+
+    held: tuple[WeightsHeld, ...]
+
+    def digest_gate(self, expected: str) -> str | None:
+        """None if every actor holds exactly the ``expected`` weights, else why not."""
+        wrong = [h.digest for h in self.held if h.digest != expected]
+        if wrong:
+            return f"digest gate: {len(wrong)} of {len(self.held)} actors hold other weights"
+        return None
+
+
+@attrs.frozen
+class BootFailed:
+    """The process did not start, or a call on it failed or timed out."""
+
+    reason: str
+
+
+Outcome = Booted | BootFailed
+
+
+class Launcher:
+    """Starts a group's engine actors for an incarnation and calls them, one timeout per
+    call. ``model_config`` travels to every actor as a plain dict."""
+
+    def __init__(
+        self,
+        table: ActorTable,
+        engine: type,
+        model_config: Mapping[str, Any],
+        *,
+        actors_per_group: int,
+        actor_options: Mapping[str, Any],
+        call_timeout_s: float,
+    ) -> None:
+        self.table = table
+        # Probes and watches get their own threads, so they answer beside a load.
+        self._engine: Any = ray.remote(concurrency_groups={"health": 1, "watch": 1})(  # type: ignore[call-overload]
+            engine
+        )
+        self._model_config = dict(model_config)
+        self.actors_per_group = actors_per_group
+        self.actor_options = dict(actor_options)
+        self.call_timeout_s = call_timeout_s
+
+    def boot(self, group: str, incarnation: int, call: Callable[[Any], Any]) -> Outcome:
+        """New actors for ``incarnation`` (the ones they replace are killed), then ``call``
+        on each."""
+        actors = [
+            self._engine.options(**self.actor_options).remote(
+                self._model_config, group, incarnation
+            )
+            for _ in range(self.actors_per_group)
+        ]
+        kill(self.table.replace(group, incarnation, actors))
+        return self.call_all(group, incarnation, call)
+
+    def call_all(self, group: str, incarnation: int, call: Callable[[Any], Any]) -> Outcome:
+        actors = self.table.of(group, incarnation)
+        if not actors:
+            return BootFailed("stopped before it started")
+        try:
+            return Booted(tuple(ray.get([call(a) for a in actors], timeout=self.call_timeout_s)))
+        except Exception as err:
+            first = str(err).splitlines()[0] if str(err) else ""
+            return BootFailed(f"{type(err).__name__}: {first}")

@@ -1,0 +1,150 @@
+"""Notice death and hangs of the processes that are up, and pass time to the controller.
+
+Two ways at once: each up actor has a ``watch()`` call outstanding that fails the moment its
+process dies (reported within a tick), and every ``probe_interval_s`` the serving groups are
+pinged concurrently under one ``probe_timeout_s`` (a hang). A new process gets ``grace_s``
+before its first probe. Every ``tick_s`` it sends ``Tick``. It decides nothing: it reports.
+
+Its bookkeeping is one watch per actor of each group's current process: a watch of a
+replaced process is dropped, and a watch survives a load in place (the same process, armed
+again under its new number).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+
+from .. import events as ev
+from ..link import ControllerQueries
+from .actors import ActorTable
+from .reporter import Reporter
+
+log = logging.getLogger(__name__)
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        *,
+        reporter: Reporter,
+        controller: ControllerQueries,
+        table: ActorTable,
+        tick_s: float,
+        probe_interval_s: float,
+        probe_timeout_s: float,
+        grace_s: float,
+    ) -> None:
+        self._reporter = reporter
+        self._controller = controller
+        self._table = table
+        self.tick_s = tick_s
+        self.probe_interval_s = probe_interval_s
+        self.probe_timeout_s = probe_timeout_s
+        self.grace_s = grace_s
+        self._stop = threading.Event()
+        self._paused = threading.Event()
+        self._watches: dict[Any, tuple[str, int]] = {}  # ObjectRef -> (group, incarnation)
+        # (group, incarnation, actor index) armed once; only current processes are kept.
+        self._watched: set[tuple[str, int, int]] = set()
+        self._thread = threading.Thread(target=self._loop, name="recovery-fsm-health", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def pause(self) -> None:
+        """No probes while paused (engines offloaded during training); death is still seen."""
+        self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop (also from fail-stop, on any thread but its own)."""
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def sizes(self) -> Mapping[str, int]:
+        return {"watches": len(self._watches), "watched": len(self._watched)}
+
+    def _loop(self) -> None:
+        next_probe = time.monotonic() + self.probe_interval_s
+        while not self._stop.is_set():
+            try:
+                self._reporter.report(ev.Tick)
+                if self._stop.is_set():
+                    return
+                up = self._controller.up_groups()
+                self._arm_watches(up)
+                if time.monotonic() >= next_probe:
+                    next_probe = time.monotonic() + self.probe_interval_s
+                    if not self._paused.is_set():
+                        self._probe(up)
+                self._wait_for_death(min(self.tick_s, max(0.0, next_probe - time.monotonic())))
+            except Exception:
+                log.exception("health monitor round failed; going on")
+                self._stop.wait(self.tick_s)
+
+    def _arm_watches(self, up: Mapping[str, int]) -> None:
+        for g, inc in up.items():
+            for i, actor in enumerate(self._table.of(g, inc)):
+                if (g, inc, i) not in self._watched:
+                    self._watched.add((g, inc, i))
+                    self._watches[actor.watch.remote()] = (g, inc)
+
+    def _wait_for_death(self, timeout: float) -> None:
+        if not self._watches:
+            self._stop.wait(timeout)
+            return
+        ready, _ = ray.wait(list(self._watches), num_returns=1, timeout=timeout)
+        for ref in ready:
+            g, inc = self._watches.pop(ref)
+            now = self._controller.group(g)
+            # Up, or loading a checkpoint in place: the same process, still the group's.
+            if now.incarnation == inc and (now.up or now.loading):
+                self._reporter.report(ev.GroupFailed, group=g, incarnation=inc,
+                                      reason="actor died")  # fmt: skip
+        # Watches of replaced processes are dropped (their actors are gone or going).
+        current = {n: v.incarnation for n, v in self._controller.groups().items()}
+        for ref, (g, inc) in list(self._watches.items()):
+            if current.get(g) != inc:
+                del self._watches[ref]
+        self._watched = {w for w in self._watched if current.get(w[0]) == w[1]}
+
+    def _probe(self, up: Mapping[str, int]) -> None:
+        now = time.monotonic()
+        pings: dict[tuple[str, int], list[Any]] = {}
+        views = self._controller.groups()
+        for g, inc in up.items():
+            if g not in views or not views[g].serving:
+                continue  # a group waiting for weights takes no probe verdicts
+            started = self._table.started_at(g, inc)
+            actors = self._table.of(g, inc)
+            if actors and started is not None and now - started >= self.grace_s:
+                pings[(g, inc)] = [a.ping.remote() for a in actors]
+        refs = [r for rs in pings.values() for r in rs]
+        if not refs:
+            return
+        # One round costs one timeout, however many groups there are.
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.probe_timeout_s)
+        done = set(ready)
+        for (g, inc), rs in pings.items():
+            ok = all(r in done for r in rs) and all(_answered(r) for r in rs)
+            self._reporter.report(ev.ProbeOk if ok else ev.ProbeFailed, group=g, incarnation=inc)
+
+
+def _answered(ref: Any) -> bool:
+    try:
+        return bool(ray.get(ref, timeout=0))
+    except Exception:
+        return False

@@ -1,0 +1,119 @@
+"""Requests go only where the controller's routing effects say.
+
+``apply`` takes every ``RouteTraffic``/``WithdrawTraffic`` (on the link's thread: it only
+records and hands the effect on to the user's router), ``advance`` moves a routed group to
+the version a sync gave it, and ``generate`` sends a request to a serving group, round
+robin; a request on a process that dies or does not answer is tried on the next serving
+group, and when none is left it fails with ``NoServingGroup``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Mapping
+
+import ray
+
+from .. import RecoveryError
+from .. import effects as fx
+from .actors import ActorTable
+from .engine import Generation
+
+log = logging.getLogger(__name__)
+
+UserRouter = Callable[[fx.RouteTraffic | fx.WithdrawTraffic], None]
+
+
+class NoServingGroup(RecoveryError):
+    """No group serves (or every one tried failed the request); try again after a sync or a
+    recovery."""
+
+
+class NotServing(RecoveryError):
+    """The group named is not routed: it is down, recovering or holds stale weights."""
+
+
+class TrafficRouter:
+    """Lock order: leaf, except that the user's router is called after the lock is
+    released."""
+
+    def __init__(
+        self, table: ActorTable, *, call_timeout_s: float, user: UserRouter | None = None
+    ) -> None:
+        self._table = table
+        self._timeout = call_timeout_s
+        self._user = user
+        self._lock = threading.Lock()
+        self._routes: dict[str, tuple[int, int] | None] = {}  # group -> (incarnation, version)
+        self._turn = itertools.count()
+
+    def apply(self, effect: fx.RouteTraffic | fx.WithdrawTraffic) -> None:
+        with self._lock:
+            if isinstance(effect, fx.RouteTraffic):
+                self._routes[effect.group] = (effect.incarnation, effect.version)
+            else:
+                self._routes[effect.group] = None
+        if self._user is not None:
+            self._user(effect)
+
+    def advance(self, version: int, groups: Mapping[str, int]) -> None:
+        """A sync the controller accepted: each listed process still routed holds
+        ``version`` now (it stays serving without a new routing effect)."""
+        with self._lock:
+            for g, inc in groups.items():
+                route = self._routes.get(g)
+                if route is not None and route[0] == inc:
+                    self._routes[g] = (inc, version)
+
+    @property
+    def routes(self) -> dict[str, tuple[int, int] | None]:
+        """Group -> (incarnation, version) it serves, or None while it does not."""
+        with self._lock:
+            return dict(self._routes)
+
+    def generate(
+        self, prompt: list[int], max_new_tokens: int = 8, *, group: str | None = None
+    ) -> Generation:
+        """Greedy tokens from a serving group (``group``: that one only)."""
+        with self._lock:
+            serving = sorted(g for g, r in self._routes.items() if r is not None)
+            turn = next(self._turn)
+        if group is not None:
+            if group not in serving:
+                raise NotServing(
+                    f"group {group!r} is not serving (routes: {self.routes}); send the request "
+                    "without a group to let the router pick one"
+                )
+            order = [group]
+        else:
+            k = turn % len(serving) if serving else 0
+            order = serving[k:] + serving[:k]
+        errors: list[str] = []
+        for g in order:
+            route = self.routes.get(g)
+            if route is None:
+                continue  # withdrawn since
+            actors = self._table.of(g, route[0])
+            if not actors:
+                continue
+            try:
+                out: Generation = ray.get(
+                    actors[0].generate.remote(prompt, max_new_tokens), timeout=self._timeout
+                )
+                return out
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
+                log.info("a request on %s#%d failed (%s); trying the next group", g, route[0],
+                         type(err).__name__)  # fmt: skip
+                errors.append(f"{g}: {type(err).__name__}")
+        if group is not None:
+            raise NotServing(f"group {group!r} did not answer: {errors}")
+        raise NoServingGroup(
+            f"no serving group answered ({errors or 'none is routed'}); the controller "
+            "routes a group again once it recovers or a sync admits it"
+        )
+
+    def sizes(self) -> Mapping[str, int]:
+        with self._lock:
+            return {"routes": len(self._routes)}

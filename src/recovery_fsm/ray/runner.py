@@ -1,0 +1,247 @@
+"""Carry out the controller's effects on Ray actors and report each outcome.
+
+Starts run on a small thread pool, one lane per group (a group's effects run in order,
+different groups at once), deletes in one lane per checkpoint; kills, routing and cancels
+run at once on the link's thread, so a ``StopGroup`` is never queued behind the hung load
+it ends. A start passes the **digest gate**: every actor must report the manifest's weights
+digest, or the start failed (never a retry loop). The runner decides nothing: it reports.
+
+Lifecycle: ``pause`` holds new starts and deletes in their lanes (kills and routing still
+run), ``resume`` runs them in order, ``halt`` (fail-stop) runs nothing more, ``close``
+waits for what runs. An effect whose execution raised is kept in ``failed`` (counted,
+retryable with ``retry_failed``), as every executor does.
+
+Lock order: the runner's lock is a leaf: effects run, and outcomes are reported, outside it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .. import effects as fx
+from .. import events as ev
+from ..export import CheckpointStore
+from ..link import EffectError, FailedEffects
+from .actors import ActorTable, BootFailed, Launcher, kill
+from .reporter import Reporter
+from .router import TrafficRouter
+from .safety import SafetyCounters
+
+log = logging.getLogger(__name__)
+
+
+class EffectRunner:
+    def __init__(
+        self,
+        *,
+        launcher: Launcher,
+        reporter: Reporter,
+        counters: SafetyCounters,
+        router: TrafficRouter,
+        store: CheckpointStore,
+        cancel_export: Callable[[int], Any],
+        max_parallel: int,
+        delete_attempts: int = 5,
+    ) -> None:
+        self._launcher = launcher
+        self._table: ActorTable = launcher.table
+        self._reporter = reporter
+        self._counters = counters
+        self._router = router
+        self._store = store
+        self._cancel_export = cancel_export
+        self.delete_attempts = delete_attempts
+        self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="recovery-fsm-run")
+        self._lock = threading.Lock()
+        self._lanes: dict[str, collections.deque[fx.Effect]] = {}
+        self._busy: set[str] = set()
+        self._idle = threading.Condition(self._lock)
+        self._in_flight = 0
+        self._paused = False
+        self._halted = False
+        self.failed = FailedEffects()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def pause(self, timeout: float | None = None) -> bool:
+        """Hold new starts and deletes in their lanes; True once those running finished
+        (within ``timeout``). Kills, routing and cancels still run at once: a pause must
+        never hold the kill that ends a hung load, nor keep traffic on a dead group."""
+        with self._lock:
+            self._paused = True
+            return self._idle.wait_for(lambda: not self._busy, timeout)
+
+    def resume(self) -> None:
+        """Run what waits in the lanes, each effect once, in the order it came."""
+        with self._lock:
+            self._paused = False
+            if not self._halted:
+                for lane, queue in self._lanes.items():
+                    if queue and lane not in self._busy:
+                        self._busy.add(lane)
+                        self._pool.submit(self._drain, lane)
+
+    def halt(self) -> None:
+        """Fail-stop: nothing more runs, whatever is queued or arrives later."""
+        with self._lock:
+            self._halted = True
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Wait for the lanes running now; True if they finished in time."""
+        with self._lock:
+            done = self._idle.wait_for(lambda: not self._busy, timeout)
+        self._pool.shutdown(wait=done)
+        return done
+
+    @property
+    def in_flight(self) -> int:
+        """Starts and deletes queued or running."""
+        with self._lock:
+            return self._in_flight
+
+    @property
+    def errors(self) -> tuple[EffectError, ...]:
+        return self.failed.kept
+
+    def retry_failed(self) -> int:
+        """Queue the effects that failed again, in their order; returns how many."""
+        failed = self.failed.take()
+        for f in failed:
+            self.execute(f.effect)
+        return len(failed)
+
+    def sizes(self) -> dict[str, int]:
+        with self._lock:
+            return {"lanes": len(self._lanes)}
+
+    # -- executing ---------------------------------------------------------------------------
+
+    def execute(self, effect: fx.Effect) -> None:
+        """Called by the link, one effect at a time: must not block."""
+        with self._lock:
+            if self._halted:
+                log.warning("not executed after fail-stop: %r", effect)
+                return
+        match effect:
+            case fx.RouteTraffic() | fx.WithdrawTraffic():
+                self._router.apply(effect)
+            case fx.StopGroup(group=g, incarnation=inc):
+                kill(self._table.take(g, inc))
+            case fx.RetireGroup(group=g):
+                kill(self._table.take(g))
+            case fx.CancelExport(version=v):
+                self._cancel_export(v)
+            case fx.LoadCheckpoint(group=g, incarnation=inc, previous=previous):
+                self._counters.load_in_place(g)
+                self._table.renumber(g, previous, inc)  # the same actors, a new number
+                self._queue(f"group:{g}", effect)
+            case fx.RestartFromCheckpoint(group=g) | fx.RestartCold(group=g):
+                self._queue(f"group:{g}", effect)
+            case fx.DeleteCheckpoint(version=v):
+                self._queue(f"checkpoint:{v}", effect)
+            case _:
+                raise TypeError(f"no executor for {effect!r}")
+
+    def _queue(self, lane: str, effect: fx.Effect) -> None:
+        with self._lock:
+            self._lanes.setdefault(lane, collections.deque()).append(effect)
+            self._in_flight += 1
+            if lane not in self._busy and not self._paused and not self._halted:
+                self._busy.add(lane)
+                self._pool.submit(self._drain, lane)
+
+    def _drain(self, lane: str) -> None:
+        while True:
+            with self._lock:
+                queue = self._lanes[lane]
+                if not queue or self._paused or self._halted:
+                    self._busy.discard(lane)
+                    if not queue:
+                        del self._lanes[lane]  # a lane per checkpoint must not pile up
+                    self._idle.notify_all()
+                    return
+                effect = queue.popleft()
+            try:
+                self._run(effect)
+            except BaseException as err:
+                log.exception("executing %r raised; kept in runner.failed", effect)
+                self.failed.add(effect, err)
+            finally:
+                with self._lock:
+                    self._in_flight -= 1
+
+    def _run(self, effect: fx.Effect) -> None:
+        """Run one queued effect; a start's outcome is reported whatever raises on the way."""
+        match effect:
+            case (
+                fx.RestartFromCheckpoint(group=g, incarnation=inc)
+                | fx.LoadCheckpoint(group=g, incarnation=inc)
+                | fx.RestartCold(group=g, incarnation=inc)
+            ):
+                cold = isinstance(effect, fx.RestartCold)
+                try:
+                    if isinstance(effect, fx.RestartCold):
+                        error = self._start_cold(g, inc)
+                    else:
+                        error = self._load(effect)
+                except Exception as err:
+                    log.exception("starting %r raised", effect)
+                    error = f"{type(err).__name__}: {err}"[:500]
+                if error is None:
+                    self._reporter.report(ev.Relaunched if cold else ev.RestartLoaded,
+                                          group=g, incarnation=inc)  # fmt: skip
+                else:
+                    kill(self._table.take(g, inc))
+                    self._reporter.report(ev.RelaunchFailed if cold else ev.RestartLoadFailed,
+                                          group=g, incarnation=inc, error=error)  # fmt: skip
+            case fx.DeleteCheckpoint(version=v, path=path):
+                self._delete(v, path, effect)
+            case _:
+                raise TypeError(f"no lane runs {effect!r}")
+
+    def _load(self, effect: fx.RestartFromCheckpoint | fx.LoadCheckpoint) -> str | None:
+        """Boot from (or load in place) the checkpoint; why it failed, or None."""
+        g, inc, path = effect.group, effect.incarnation, effect.path
+        self._counters.load_begins(path)
+        try:
+            call: Callable[[Any], Any] = lambda a: a.boot_from_checkpoint.remote(path)  # noqa: E731
+            if isinstance(effect, fx.RestartFromCheckpoint):
+                outcome = self._launcher.boot(g, inc, call)
+            else:  # a load in place uses the running actors
+                outcome = self._launcher.call_all(g, inc, call)
+        finally:
+            self._counters.load_ends(path)
+        if isinstance(outcome, BootFailed):
+            return outcome.reason
+        return outcome.digest_gate(self._store.read_manifest(path)["weights_digest"])
+
+    def _start_cold(self, g: str, inc: int) -> str | None:
+        outcome = self._launcher.boot(g, inc, lambda a: a.boot_empty.remote())
+        return outcome.reason if isinstance(outcome, BootFailed) else None
+
+    def _delete(self, version: int, path: str, effect: fx.Effect) -> None:
+        self._counters.delete_begins(path)
+        for attempt in range(self.delete_attempts):
+            try:
+                self._store.delete(path)
+            except FileNotFoundError:
+                pass  # already gone: that is the outcome asked for
+            except Exception as err:
+                log.warning("delete of %s failed (attempt %d)", path, attempt + 1, exc_info=True)
+                if attempt + 1 == self.delete_attempts:
+                    # The core has no event for it: kept (retry_failed) and logged.
+                    self.failed.add(effect, err)
+                    log.error("could not delete %s in %d attempts; kept for retry_failed()",
+                              path, self.delete_attempts)  # fmt: skip
+                    return
+                time.sleep(min(2.0, 0.1 * 2**attempt))
+                continue
+            self._counters.deleted(path)
+            self._reporter.report(ev.CheckpointDeleted, version=version)
+            return
