@@ -3,15 +3,82 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+from .errors import RecoveryError
+
+USAGE, FAILED, INTERRUPTED = 2, 1, 130
+# A journal this program did not write fails deep in a reader as one of these (a record that
+# is a list, a field of the wrong type); on a journal command they mean "not a journal".
+_UNREADABLE = (RecoveryError, ValueError, TypeError, KeyError, AttributeError)
+
+
+class Failed(Exception):
+    """A mistake the user can fix: printed as one line (what to do), exit ``code``."""
+
+    def __init__(self, message: str, code: int = FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line, not the whole usage block: what was wrong, where to look."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _os_error(err: OSError) -> str:
+    """``[Errno 2] No such file or directory: 'x'`` as ``x: no such file or directory``."""
+    if err.filename is None or not err.strerror:
+        return str(err)
+    return f"{err.filename}: {err.strerror[0].lower()}{err.strerror[1:]}"
+
+
+def _read_journal(path: str) -> list[dict[str, Any]]:
+    """A journal's records, checked for the shape every reader assumes (objects; one
+    header, first), so that what is not a journal is named as such."""
+    from .journal import read_journal
+
+    if Path(path).is_dir():
+        raise Failed(f"{path} is a directory; pass the journal file in it (journal.jsonl)")
+    try:
+        records = list(read_journal(path))
+    except OSError as err:
+        raise Failed(f"{_os_error(err)}; pass a journal file (a run's journal.jsonl)") from err
+    except RecoveryError as err:
+        raise Failed(f"{err}; pass a journal file (a run's journal.jsonl)") from err
+    if not records:
+        raise Failed(f"{path} is empty, not a journal; pass a run's journal.jsonl")
+    for n, record in enumerate(records, 1):
+        what = None
+        if not isinstance(record, dict):
+            what = f"line {n} is {json.dumps(record)[:40]}, not a JSON object"
+        elif "header" in record and n > 1:
+            raise Failed(f"{path}: a second header at line {n}: two runs appended to one file? "
+                         "Use each run's own journal")  # fmt: skip
+        elif "header" in record and not isinstance(record["header"], dict):
+            what = "its header is not a JSON object"
+        elif "event" in record and not isinstance(record["event"], dict):
+            what = f"line {n}'s event is not a JSON object"
+        if what:
+            raise Failed(f"{path} is not a journal: {what}; pass a run's journal.jsonl")
+    return records
 
 
 def _diagrams(args: argparse.Namespace) -> int:
     from . import diagrams
 
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise Failed(f"--out {out} is a file; give a directory for the diagrams", USAGE)
     if args.check:
         problems, notes = diagrams.check(out)
         for note in notes:
@@ -37,25 +104,21 @@ def _scenario(_args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise Failed(f"--out {out} is a file; give a directory for the demo's runs", USAGE)
     try:
         from .demo import DemoOptions, Display, main
     except ImportError as err:
-        print(f"error: the demo needs the extras [torch,ray,demo]: {err}", file=sys.stderr)
-        return 2
+        raise Failed(f"the demo needs the extras [torch,ray,demo] ({err}); run ./scripts/demo "
+                     "or pip install -e '.[torch,ray,demo]'") from err  # fmt: skip
     options = DemoOptions(
         steps=args.steps, groups=args.groups, model=args.model, step_s=args.step_s,
-        chaos_rate=args.chaos_rate, seed=args.seed, out=Path(args.out),
-        hf_interval=args.hf_interval,
+        chaos_rate=args.chaos_rate, seed=args.seed, out=out, hf_interval=args.hf_interval,
     )  # fmt: skip
     live = {"auto": None, "on": True, "off": False}[args.live]
-    from .demo import OutputInUse
-
-    try:
-        outcome = main(options, baseline=args.baseline, display=Display(live=live),
-                       timeline=not args.no_timeline)  # fmt: skip
-    except OutputInUse as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    outcome = main(options, baseline=args.baseline, display=Display(live=live),
+                   timeline=not args.no_timeline)  # fmt: skip
     if not outcome.ok:
         print("error: a safety counter is not 0 or the journal did not replay clean",
               file=sys.stderr)  # fmt: skip
@@ -64,14 +127,21 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _timeline(args: argparse.Namespace) -> int:
-    from .errors import RecoveryError
+    from .ledger import Ledger
     from .timeline import draw
 
+    records = _read_journal(args.journal)
     try:
-        info = draw(args.journal, args.out, title=args.title)
-    except (RecoveryError, OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        ledger = Ledger(records)
+    except _UNREADABLE as err:
+        raise Failed(f"{args.journal} is not a journal ({type(err).__name__}: {err}); "
+                     "pass a run's journal.jsonl") from err  # fmt: skip
+    try:
+        info = draw(ledger, args.out, title=args.title)
+    except OSError as err:
+        raise Failed(f"cannot write the timeline: {_os_error(err)}; check --out") from err
+    except RecoveryError as err:  # nothing to draw
+        raise Failed(f"{args.journal}: {err}") from err
     print(f"wrote {info.path} ({info.size[0]}x{info.size[1]} px, rows: {', '.join(info.rows)})")
     return 0
 
@@ -86,6 +156,13 @@ def _positive(kind: type) -> Any:
     return parse
 
 
+def _at_least_0(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text}")
+    return value
+
+
 def _fraction(text: str) -> float:
     value = float(text)
     if not 0 <= value <= 1:
@@ -93,42 +170,70 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _replay(args: argparse.Namespace) -> int:
-    from .errors import RecoveryError
-    from .replay import replay, rules_class
+def _controller(name: str) -> Any:
+    """``--controller``: checked while parsing, so a misspelt name is a usage error."""
+    from .replay import rules_class
 
     try:
-        cls = rules_class(args.controller) if args.controller else None
-        report = replay(args.journal, cls)
-    except (RecoveryError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return rules_class(name)
+    except RecoveryError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from .replay import replay
+
+    _read_journal(args.journal)
+    try:
+        report = replay(args.journal, args.controller)
+    except _UNREADABLE as err:
+        detail = str(err) if args.journal in str(err) else f"{args.journal}: {err}"
+        raise Failed(f"{detail} ({type(err).__name__}); pass a run's journal.jsonl") from err
     print(report.render())
-    return 0 if report.ok else 1
+    return 0 if report.ok else FAILED
 
 
 def _explore(args: argparse.Namespace) -> int:
-    from .errors import RecoveryError
-    from .replay import rules_class
     from .search import explore
 
-    try:
-        cls = rules_class(args.controller)
-    except RecoveryError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    if args.journal_dir and Path(args.journal_dir).is_file():
+        raise Failed(f"--journal-dir {args.journal_dir} is a file; give a directory", USAGE)
     result = explore(
         args.depth,
-        rules=cls,
+        rules=args.controller,
         liveness=args.liveness,
         journal_dir=args.journal_dir,
     )
     print(result.report())
-    return 1 if result.found else 0
+    return FAILED if result.found else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="recovery-fsm", description=__doc__)
+    """Exit 0 when all is well; 1 when a check fails or a file, a run or the library
+    refuses; 2 for a usage error; 130 on Ctrl-C. Every error a user can cause is one line on
+    stderr saying what to do; a traceback means a bug."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # --help (0) or a usage error (2), already printed
+        return stop.code if isinstance(stop.code, int) else USAGE
+    try:
+        return int(args.func(args))
+    except Failed as err:
+        code, message = err.code, str(err)
+    except KeyboardInterrupt:
+        code, message = INTERRUPTED, "interrupted"
+    except RecoveryError as err:  # refused by the library: its message says why
+        code, message = FAILED, f"{err}"
+    except OSError as err:
+        code, message = FAILED, _os_error(err)
+    prog = f"{parser.prog} {args.command}"
+    print(_one_line(f"{prog}: error: {message}"), file=sys.stderr)
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="recovery-fsm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("diagrams", help="write the state diagrams (Mermaid, DOT, SVG)")
     d.add_argument("--out", default="diagrams", help="directory (default: diagrams)")
@@ -146,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--chaos-rate", type=_fraction, default=0.7,
                    help="chance of an incident in each eligible step (default 0.7)")  # fmt: skip
     m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--hf-interval", type=int, default=4,
+    m.add_argument("--hf-interval", type=_at_least_0, default=4,
                    help="every N versions the export is also the HF save (0: never)")  # fmt: skip
     m.add_argument("--out", default="demo-out",
                    help="where the run's journals, checkpoints and timelines go (OUT/immediate, "
@@ -169,18 +274,19 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("journal", help="a JSON-lines journal (JsonlJournal, or a search's trace)")
     r.add_argument(
         "--controller",
+        type=_controller,
         default=None,
         help="'real' or a broken variant's name (default: the one the journal names)",
     )
     r.set_defaults(func=_replay)
     x = sub.add_parser("explore", help="search every event ordering up to a depth")
-    x.add_argument("--depth", type=int, default=6)
-    x.add_argument("--controller", default="real", help="'real' or a broken variant's name")
+    x.add_argument("--depth", type=_positive(int), default=6)
+    x.add_argument("--controller", type=_controller, default="real",
+                   help="'real' or a broken variant's name")  # fmt: skip
     x.add_argument("--liveness", action="store_true", help="also settle every state fairly")
     x.add_argument("--journal-dir", default=None, help="write a counterexample journal here")
     x.set_defaults(func=_explore)
-    args = parser.parse_args(argv)
-    return int(args.func(args))
+    return parser
 
 
 if __name__ == "__main__":
