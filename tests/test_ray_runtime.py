@@ -214,7 +214,7 @@ def test_a_checkpoint_in_use_outlives_its_sync_and_stale_weights_never_serve(
         assert not [e for e in routed if e.group == "g0" and e.incarnation == 2
                     and getattr(e, "version", None) == 1]  # fmt: skip
         out = rt.generate("g0", [3])
-        assert (out.version, out.incarnation) == (2, 2)  # the engine keeps its first number
+        assert (out.version, out.incarnation) == (2, 3)  # the same process, renumbered
         records = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
         loads = [f for r in records for f in r.get("effects", ()) if f["kind"] == "LoadCheckpoint"]
         assert [(f["group"], f["incarnation"], f["version"], f["previous"]) for f in loads] == [

@@ -1,6 +1,6 @@
 """What a rollout engine must offer the runtime, and a reference engine that offers it.
 
-The runtime talks to every engine process through six calls and reads nothing else:
+The runtime talks to every engine process through these calls and reads nothing else:
 
 - ``ping()``: answers while the process is healthy (a probe; it runs beside a busy load).
 - ``watch()``: never returns; it fails the moment the process dies, so death is noticed
@@ -11,6 +11,8 @@ subclass that overrides them must decorate them again with ``@ray.method``, or t
 behind a load.)
 - ``boot_from_checkpoint(path)``: load a committed recovery checkpoint, checking every
   byte, and report the version and the digest of the weights now held.
+- ``load_checkpoint(path, incarnation)``: load a checkpoint in place, in the running
+  process, which goes on under the number ``incarnation`` (its generations say so).
 - ``boot_empty()``: start without real weights (the cold path; a weight sync follows).
 - ``update_weights(version, weights)``: take a pushed version and report the digest held.
 - ``weights()``: the version and digest held now.
@@ -57,6 +59,7 @@ class RolloutEngine(Protocol):
     def ping(self) -> bool: ...
     def watch(self) -> None: ...
     def boot_from_checkpoint(self, path: str) -> WeightsHeld: ...
+    def load_checkpoint(self, path: str, incarnation: int) -> WeightsHeld: ...
     def boot_empty(self) -> WeightsHeld: ...
     def update_weights(self, version: int, weights: dict[str, torch.Tensor]) -> WeightsHeld: ...
     def weights(self) -> WeightsHeld: ...
@@ -99,6 +102,12 @@ class ReferenceEngine:
             # with the manifest's before it routes any traffic here.
             self.held = WeightsHeld(manifest_version(path), model_digest(self.model))
             return self.held
+
+    def load_checkpoint(self, path: str, incarnation: int) -> WeightsHeld:
+        """The reference engine loads in place by booting its model again from ``path``."""
+        held = self.boot_from_checkpoint(path)
+        self.incarnation = incarnation
+        return held
 
     def boot_empty(self) -> WeightsHeld:
         import transformers

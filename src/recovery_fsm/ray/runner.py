@@ -210,11 +210,12 @@ class EffectRunner:
         g, inc, path = effect.group, effect.incarnation, effect.path
         self._counters.load_begins(path)
         try:
-            call: Callable[[Any], Any] = lambda a: a.boot_from_checkpoint.remote(path)  # noqa: E731
             if isinstance(effect, fx.RestartFromCheckpoint):
-                outcome = self._launcher.boot(g, inc, call)
-            else:  # a load in place uses the running actors
-                outcome = self._launcher.call_all(g, inc, call)
+                outcome = self._launcher.boot(g, inc, lambda a: a.boot_from_checkpoint.remote(path))
+            else:  # a load in place: the running actors, under their new number
+                outcome = self._launcher.call_all(
+                    g, inc, lambda a: a.load_checkpoint.remote(path, inc)
+                )
         finally:
             self._counters.load_ends(path)
         if isinstance(outcome, BootFailed):
