@@ -26,8 +26,9 @@ from recovery_fsm import (
     WrongIncarnation,
 )
 from recovery_fsm import events as ev
+from recovery_fsm.codec import decode_event, encode
 from recovery_fsm.effects import DeleteCheckpoint, RestartFromCheckpoint
-from recovery_fsm.journal import JsonlJournal, decode_event, encode, read_journal
+from recovery_fsm.journal import JsonlJournal, read_journal
 
 T = 1000.0  # later than anything the fixture sent
 

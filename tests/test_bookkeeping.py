@@ -19,7 +19,7 @@ pytest.importorskip("ray")
 from recovery_fsm import RecoveryConfig, RecoveryController
 from recovery_fsm import effects as fx
 from recovery_fsm import events as ev
-from recovery_fsm.ledger import Ledger
+from recovery_fsm.journal.ledger import Ledger
 from recovery_fsm.ray.actors import ActorTable
 from recovery_fsm.ray.router import TrafficRouter
 from recovery_fsm.ray.safety import SafetyCounters

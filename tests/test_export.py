@@ -33,7 +33,7 @@ from recovery_fsm.export import (
     load_checkpoint,
     load_model,
 )
-from recovery_fsm.link import ControllerLink
+from recovery_fsm.host import ControllerLink
 
 
 def tiny_config(**overrides: Any) -> LlamaConfig:

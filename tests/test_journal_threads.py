@@ -10,9 +10,10 @@ import pytest
 
 from recovery_fsm import EventNotAllowed, MalformedEvent, RecoveryConfig, RecoveryController
 from recovery_fsm import events as ev
-from recovery_fsm.journal import JsonlJournal, decode_event, encode, read_journal
+from recovery_fsm.cli.scenario import seed_race
+from recovery_fsm.codec import decode_event, encode
+from recovery_fsm.journal import JsonlJournal, read_journal
 from recovery_fsm.replay import replay
-from recovery_fsm.scenario import seed_race
 
 
 def _record_run(path: Path) -> RecoveryController:

@@ -8,7 +8,7 @@ import pytest
 
 from recovery_fsm import RecoveryConfig, RecoveryController
 from recovery_fsm import events as ev
-from recovery_fsm.ledger import Ledger, percentile
+from recovery_fsm.journal.ledger import Ledger, percentile
 
 
 def journal(config: RecoveryConfig | None = None) -> tuple[RecoveryController, list[Any]]:
@@ -84,3 +84,38 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 95) == 4.0
     assert percentile([], 50) != percentile([], 50)  # NaN
+
+
+def test_every_name_the_ledger_reads_is_one_the_machines_have() -> None:
+    """The ledger reads transition labels and machine event and state names off the
+    journal; each comes from the names classes, which must match the graphs exactly."""
+    import ast
+    import inspect
+
+    from recovery_fsm.journal import ledger as ledger_module
+    from recovery_fsm.machines import (
+        MACHINES,
+        CheckpointEvent,
+        CheckpointState,
+        GroupEvent,
+        GroupState,
+        SwitchEvent,
+        SwitchState,
+        names,
+    )
+
+    graphs = {
+        GroupState: {s.id for s in MACHINES["worker_group"].states},
+        GroupEvent: {e.id for e in MACHINES["worker_group"].events},
+        SwitchState: {s.id for s in MACHINES["immediate_recovery"].states},
+        SwitchEvent: {e.id for e in MACHINES["immediate_recovery"].events},
+        CheckpointState: {s.id for s in MACHINES["checkpoint"].states},
+        CheckpointEvent: {e.id for e in MACHINES["checkpoint"].events},
+    }
+    for cls, graph in graphs.items():
+        assert names(cls) == graph, cls.__name__
+    # The ledger names no state or event as a bare string: every one goes through a class.
+    tree = ast.parse(inspect.getsource(ledger_module))
+    literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+    every_name = set().union(*graphs.values())
+    assert not literals & every_name, sorted(literals & every_name)

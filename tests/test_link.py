@@ -20,7 +20,7 @@ from recovery_fsm import (
     WithdrawTraffic,
 )
 from recovery_fsm import events as ev
-from recovery_fsm.link import ControllerLink
+from recovery_fsm.host import ControllerLink
 
 WAIT = 5.0  # bounds a wait that should end at once: a hang fails instead of stalling
 

@@ -16,7 +16,7 @@ pytest.importorskip("ray")
 
 from recovery_fsm import ControllerStopped, RecoveryController, Rules
 from recovery_fsm import events as ev
-from recovery_fsm.link import ControllerLink
+from recovery_fsm.host import ControllerLink
 from recovery_fsm.ray.reporter import FailStop, Reporter
 from recovery_fsm.ray.safety import SafetyCounters
 

@@ -19,8 +19,8 @@ from recovery_fsm.effects import (
     RestartFromCheckpoint,
 )
 from recovery_fsm.journal import JsonlJournal
-from recovery_fsm.ledger import Ledger
-from recovery_fsm.timeline import MARGINS_IN, ROW_IN, draw
+from recovery_fsm.journal.ledger import Ledger
+from recovery_fsm.journal.timeline import MARGINS_IN, ROW_IN, draw
 
 GROUPS = ("g1", "g2", "g3")
 

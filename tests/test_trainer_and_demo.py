@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 from recovery_fsm import cli  # noqa: E402
 from recovery_fsm.demo import DemoOptions, Display, main, plan  # noqa: E402
-from recovery_fsm.ledger import Ledger  # noqa: E402
+from recovery_fsm.journal.ledger import Ledger  # noqa: E402
 from recovery_fsm.ray import RecoveryRuntime  # noqa: E402
 from recovery_fsm.trainer import HookOrderError, RecoveryHooks  # noqa: E402
 

@@ -29,6 +29,7 @@ import attrs
 
 from . import effects as fx
 from . import events as ev
+from .codec import encode
 from .errors import (
     ControllerBroken,
     EventNotAllowed,
@@ -39,9 +40,8 @@ from .errors import (
     UnknownVersion,
 )
 from .invariants import violations
-from .journal import encode
-from .machines import LOADING, SERVING, UP
-from .rules import Lease, RecoveryConfig, Rules
+from .machines import LOADING, RELAUNCHING, SERVING, UP
+from .rules import FINISHED_KEPT, Lease, RecoveryConfig, Rules
 
 __all__ = [
     "CheckpointView",
@@ -79,8 +79,13 @@ class GroupView:
 
     @property
     def loading(self) -> bool:
-        """Its current process is being started or loads a checkpoint."""
+        """Its current process loads a checkpoint (a restart's, or in place)."""
         return self.state in LOADING
+
+    @property
+    def starting(self) -> bool:
+        """A start of its process is in flight (from a checkpoint, in place, or cold)."""
+        return self.state in LOADING | RELAUNCHING
 
 
 @attrs.frozen
@@ -298,7 +303,10 @@ class RecoveryController:
                 return str(ck.record.state)
             if version in self._rules.finished:
                 return self._rules.finished[version]
-        raise UnknownVersion(f"no checkpoint of version {version}")
+        raise UnknownVersion(
+            f"no checkpoint of version {version} (final states are kept for the latest "
+            f"{FINISHED_KEPT} finished checkpoints)"
+        )
 
     def checkpoints(self) -> dict[int, CheckpointView]:
         """Checkpoints not yet in a final state (their files may be on disk)."""

@@ -9,7 +9,15 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from .machines import COMMITTED, LOADING, RELAUNCHING, SERVING, UP
+from .machines import (
+    COMMITTED,
+    LOADING,
+    RELAUNCHING,
+    SERVING,
+    UP,
+    CheckpointState,
+    SwitchState,
+)
 
 if TYPE_CHECKING:
     from .rules import Rules
@@ -22,7 +30,7 @@ def violations(rules: Rules) -> list[str]:
 
     # Never delete a leased or pinned checkpoint.
     for v, ck in cks.items():
-        if ck.record.state == "deletable" and (ck.record.leases or ck.record.pinned):
+        if ck.record.state == CheckpointState.DELETABLE and (ck.record.leases or ck.record.pinned):
             out.append(
                 f"checkpoint {v} is deletable with {ck.record.leases} leases, "
                 f"pinned={ck.record.pinned}"
@@ -33,7 +41,10 @@ def violations(rules: Rules) -> list[str]:
     live = Counter(lease.version for lease in leases)
     for lease in leases:
         held = cks.get(lease.version)
-        if held is None or held.record.state not in {"ready", "superseded"}:
+        if held is None or held.record.state not in {
+            CheckpointState.READY,
+            CheckpointState.SUPERSEDED,
+        }:
             state = held.record.state if held else rules.finished.get(lease.version, "missing")
             out.append(f"lease {lease.id} holds checkpoint {lease.version}, which is {state}")
         if lease.version != lease.granted_at_version:
@@ -67,7 +78,7 @@ def violations(rules: Rules) -> list[str]:
             out.append(f"group {name!r} machine and record disagree")
         # Cooldown always ends after N clean syncs.
         rec = g.recovery
-        if rec.state == "cooldown" and rec.clean_streak >= rec.required_clean_syncs:
+        if rec.state == SwitchState.COOLDOWN and rec.clean_streak >= rec.required_clean_syncs:
             out.append(f"group {name!r} still in cooldown after {rec.clean_streak} clean syncs")
     for (name, incarnation), start in rules.starts.items():
         owner = rules.groups.get(name)
@@ -75,7 +86,7 @@ def violations(rules: Rules) -> list[str]:
             out.append(f"a {start.kind} of {name!r} incarnation {incarnation} never started")
 
     # At most one export in flight, of the current version.
-    exporting = sorted(v for v, ck in cks.items() if ck.record.state == "exporting")
+    exporting = sorted(v for v, ck in cks.items() if ck.record.state == CheckpointState.EXPORTING)
     if len(exporting) > 1:
         out.append(f"exports in flight for versions {exporting}")
     if exporting and exporting[0] != fleet:

@@ -9,6 +9,7 @@ one vocabulary the rules, the invariants and the search share; most are read off
 from __future__ import annotations
 
 import functools
+from typing import Final
 
 import attrs
 from statemachine import State, StateMachine
@@ -151,6 +152,108 @@ class ImmediateRecoveryMachine(StateMachine):
     disable = enabled.to(disabled) | cooldown.to(disabled)
 
 
+# -- names, checked against the graphs --------------------------------------------------
+# The rules, the invariants and the ledger name states and events through these classes,
+# never as bare strings: a misspelt name fails at import (``_check`` below), not in a race.
+
+
+class CheckpointState:
+    EXPORTING: Final = "exporting"
+    READY: Final = "ready"
+    SUPERSEDED: Final = "superseded"
+    ABANDONED: Final = "abandoned"
+    DELETABLE: Final = "deletable"
+    DELETED: Final = "deleted"
+    FAILED: Final = "failed"
+    DISCARDED: Final = "discarded"
+
+
+class CheckpointEvent:
+    COMMIT: Final = "commit"
+    SUPERSEDE: Final = "supersede"
+    ABANDON: Final = "abandon"
+    FAIL: Final = "fail"
+    CANCEL: Final = "cancel"
+    REAP: Final = "reap"
+    REMOVE: Final = "remove"
+
+
+class GroupState:
+    ACTIVE: Final = "active"
+    SUSPECT: Final = "suspect"
+    FAILED: Final = "failed"
+    AWAITING_CHECKPOINT: Final = "awaiting_checkpoint"
+    LOADING: Final = "loading"
+    RELAUNCHING: Final = "relaunching"
+    PENDING_WEIGHTS: Final = "pending_weights"
+    RETIRED: Final = "retired"
+    STOPPED: Final = "stopped"
+
+
+class GroupEvent:
+    PROBE_FAILED: Final = "probe_failed"
+    PROBE_OK: Final = "probe_ok"
+    FAIL: Final = "fail"
+    AWAIT_CHECKPOINT: Final = "await_checkpoint"
+    LOAD: Final = "load"
+    RELAUNCH: Final = "relaunch"
+    LOADED_STALE: Final = "loaded_stale"
+    RELAUNCHED: Final = "relaunched"
+    RELOAD: Final = "reload"
+    ADMIT: Final = "admit"
+    DEMOTE: Final = "demote"
+    RETIRE: Final = "retire"
+    STOP: Final = "stop"
+
+
+class SwitchState:
+    """A group's immediate-recovery switch."""
+
+    ENABLED: Final = "enabled"
+    COOLDOWN: Final = "cooldown"
+    DISABLED: Final = "disabled"
+
+
+class SwitchEvent:
+    COOL: Final = "cool"
+    REENABLE: Final = "reenable"
+    DISABLE: Final = "disable"
+
+
+class Label:
+    """How a journal's transition record names its machine: ``<kind>:<name>``."""
+
+    CHECKPOINT: Final = "checkpoint"
+    GROUP: Final = "group"
+    RECOVERY: Final = "recovery"
+    # The pseudo-event of a machine's creation (its source state is "").
+    CREATE: Final = "create"
+
+    @staticmethod
+    def of(kind: str, name: object) -> str:
+        return f"{kind}:{name}"
+
+
+def names(cls: type) -> frozenset[str]:
+    """The values of a names class."""
+    return frozenset(v for k, v in vars(cls).items() if k.isupper() and isinstance(v, str))
+
+
+def _check(machine: type[StateMachine], states: type, events: type) -> None:
+    graph_states = {s.id for s in machine.states}
+    graph_events = {e.id for e in getattr(machine, "events")}  # noqa: B009 (untyped here)
+    if names(states) != graph_states or names(events) != graph_events:
+        raise AssertionError(
+            f"{machine.__name__}: names {sorted(names(states))}/{sorted(names(events))} "
+            f"differ from the graph's {sorted(graph_states)}/{sorted(graph_events)}"
+        )
+
+
+_check(CheckpointMachine, CheckpointState, CheckpointEvent)
+_check(WorkerGroupMachine, GroupState, GroupEvent)
+_check(ImmediateRecoveryMachine, SwitchState, SwitchEvent)
+
+
 @functools.cache
 def sources(machine: type[StateMachine], event: str) -> frozenset[str]:
     """The states in which ``machine`` accepts ``event``, read off its graph."""
@@ -165,17 +268,19 @@ def _final(machine: type[StateMachine]) -> frozenset[str]:
 
 # -- the shared vocabulary ----------------------------------------------------------------
 # A group's process may serve traffic (the router sends it requests).
-SERVING = frozenset({"active", "suspect"})
+SERVING = frozenset({GroupState.ACTIVE, GroupState.SUSPECT})
 # A group's process is up and can receive a weight push.
-UP = SERVING | {"pending_weights"}
+UP = SERVING | {GroupState.PENDING_WEIGHTS}
 # A start of the group's process (from a checkpoint, or cold) is in flight.
-LOADING = sources(WorkerGroupMachine, "loaded_stale")
-RELAUNCHING = sources(WorkerGroupMachine, "relaunched")
+LOADING = sources(WorkerGroupMachine, GroupEvent.LOADED_STALE)
+RELAUNCHING = sources(WorkerGroupMachine, GroupEvent.RELAUNCHED)
 # The group waits under a deadline.
-WAITING = LOADING | RELAUNCHING | {"awaiting_checkpoint"}
+WAITING = LOADING | RELAUNCHING | {GroupState.AWAITING_CHECKPOINT}
 GROUP_FINAL = _final(WorkerGroupMachine)
 # Checkpoint states whose files are complete on disk.
-COMMITTED = frozenset({"ready", "superseded", "deletable"})
+COMMITTED = frozenset(
+    {CheckpointState.READY, CheckpointState.SUPERSEDED, CheckpointState.DELETABLE}
+)
 
 MACHINES: dict[str, type[StateMachine]] = {
     "checkpoint": CheckpointMachine,

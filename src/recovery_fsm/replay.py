@@ -14,9 +14,10 @@ from typing import Any
 
 import attrs
 
+from .codec import decode_event, encode
 from .controller import JournalSink, RecoveryController
 from .errors import ControllerBroken, MalformedEvent, RecoveryError
-from .journal import decode_event, encode, read_journal
+from .journal import read_journal
 from .rules import RecoveryConfig, Rules
 from .search.mutants import MUTANTS
 from .search.world import World

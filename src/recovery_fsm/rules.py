@@ -94,12 +94,19 @@ from .machines import (
     SYNC_MISSED,
     UP,
     WAITING,
+    CheckpointEvent,
     CheckpointMachine,
     CheckpointRecord,
+    CheckpointState,
     Fleet,
+    GroupEvent,
     GroupRecord,
+    GroupState,
     ImmediateRecoveryMachine,
+    Label,
     RecoveryRecord,
+    SwitchEvent,
+    SwitchState,
     WorkerGroupMachine,
     sources,
     sync_verdict,
@@ -225,7 +232,11 @@ class _Group:
 
 
 # Which group states accept an event, read off the worker-group graph.
-_FAILABLE = sources(WorkerGroupMachine, "fail")
+_FAILABLE = sources(WorkerGroupMachine, GroupEvent.FAIL)
+# A checkpoint the user may still pin: its files exist or are being written.
+_PINNABLE = frozenset(
+    {CheckpointState.EXPORTING, CheckpointState.READY, CheckpointState.SUPERSEDED}
+)
 
 
 class Rules:
@@ -297,11 +308,11 @@ class Rules:
             if r.state in UP:
                 if e.groups.get(r.name) == r.incarnation:
                     r.version = e.version
-                    if r.state == "pending_weights":
-                        self._fire_group(g, "admit")
+                    if r.state == GroupState.PENDING_WEIGHTS:
+                        self._fire_group(g, GroupEvent.ADMIT)
                 elif r.state in SERVING:
-                    self._fire_group(g, "demote")
-            elif r.state == "awaiting_checkpoint":
+                    self._fire_group(g, GroupEvent.DEMOTE)
+            elif r.state == GroupState.AWAITING_CHECKPOINT:
                 # It waited for the old version's export; that checkpoint is stale now.
                 self._relaunch(g)
 
@@ -312,17 +323,19 @@ class Rules:
         state = ck.record.state if ck is not None else self.finished.get(old)
         if state is None:
             return None
-        return sync_verdict(state in COMMITTED or state == "deleted")
+        return sync_verdict(state in COMMITTED or state == CheckpointState.DELETED)
 
     def _count_sync(self, g: _Group, missed: bool) -> None:
         """A missed export cools immediate recovery down; N clean syncs in a row end it."""
         rec = g.recovery
         if missed:
             self._cool(g)
-        elif rec.state == "cooldown":
+        elif rec.state == SwitchState.COOLDOWN:
             rec.clean_streak += 1
             if rec.cooled_down:
-                self._fire(g.recovery_machine, f"recovery:{rec.group}", "reenable")
+                self._fire(
+                    g.recovery_machine, Label.of(Label.RECOVERY, rec.group), SwitchEvent.REENABLE
+                )
                 rec.clean_streak = 0
 
     def on_ExportStarted(self, e: ev.ExportStarted) -> None:
@@ -336,9 +349,11 @@ class Rules:
             raise EventNotAllowed(f"an export of version {e.version} was already started")
 
         self.applying = True
-        record = CheckpointRecord(e.version, pinned=e.pinned, state="exporting")
+        record = CheckpointRecord(e.version, pinned=e.pinned, state=CheckpointState.EXPORTING)
         self.checkpoints[e.version] = _Checkpoint(record, build=True)
-        self.transitions.append((f"checkpoint:{e.version}", "create", "", "exporting"))
+        self.transitions.append(
+            (Label.of(Label.CHECKPOINT, e.version), Label.CREATE, "", CheckpointState.EXPORTING)
+        )
 
     def on_ExportCommitted(self, e: ev.ExportCommitted) -> None:
         for other in self.checkpoints.values():
@@ -347,26 +362,30 @@ class Rules:
                     f"ExportCommitted({e.version}) at {e.path}, which checkpoint "
                     f"{other.record.version} still occupies"
                 )
-        ck = self._require_checkpoint(e, e.version, "commit")
+        ck = self._require_checkpoint(e, e.version, CheckpointEvent.COMMIT)
 
         ck.record.path = e.path
-        self._fire_ck(ck, "commit")
-        if ck.record.state == "deletable":
+        self._fire_ck(ck, CheckpointEvent.COMMIT)
+        if ck.record.state == CheckpointState.DELETABLE:
             self._emit(fx.DeleteCheckpoint(e.version, e.path))
-        elif ck.record.state == "ready":
+        elif ck.record.state == CheckpointState.READY:
             for g in self._awaiting():
                 self._restart_from(g, ck)
             for g in list(self.groups.values()):
                 self._catch_up(g)
 
     def on_ExportFailed(self, e: ev.ExportFailed) -> None:
-        self._end_export(self._require_checkpoint(e, e.version, "fail"), "fail")
+        self._end_export(
+            self._require_checkpoint(e, e.version, CheckpointEvent.FAIL), CheckpointEvent.FAIL
+        )
 
     def on_ExportCancelled(self, e: ev.ExportCancelled) -> None:
-        self._end_export(self._require_checkpoint(e, e.version, "cancel"), "cancel")
+        self._end_export(
+            self._require_checkpoint(e, e.version, CheckpointEvent.CANCEL), CheckpointEvent.CANCEL
+        )
 
     def _end_export(self, ck: _Checkpoint, event: str) -> None:
-        was_current = ck.record.state == "exporting"
+        was_current = ck.record.state == CheckpointState.EXPORTING
         self._fire_ck(ck, event)
         self._forget(ck)
         if was_current:
@@ -375,12 +394,12 @@ class Rules:
 
     def on_CheckpointPinned(self, e: ev.CheckpointPinned) -> None:
         # An abandoned export was asked to stop (unless already pinned): too late to keep it.
-        ck = self._require_checkpoint(e, e.version, states={"exporting", "ready", "superseded"})
+        ck = self._require_checkpoint(e, e.version, states=_PINNABLE)
         ck.record.pinned = True
 
     def on_CheckpointDeleted(self, e: ev.CheckpointDeleted) -> None:
-        ck = self._require_checkpoint(e, e.version, "remove")
-        self._fire_ck(ck, "remove")
+        ck = self._require_checkpoint(e, e.version, CheckpointEvent.REMOVE)
+        self._fire_ck(ck, CheckpointEvent.REMOVE)
         self._forget(ck)
 
     def on_Shutdown(self, e: ev.Shutdown) -> None:
@@ -392,7 +411,7 @@ class Rules:
             if r.state in GROUP_FINAL:
                 continue
             has_process = r.state in UP | LOADING | RELAUNCHING
-            self._fire_group(g, "stop")
+            self._fire_group(g, GroupEvent.STOP)
             if has_process:
                 self._emit(fx.StopGroup(r.name, r.incarnation, "shutdown"))
         self._make_checkpoints_stale()
@@ -405,7 +424,7 @@ class Rules:
             if r.since is None:
                 continue
             waited = e.at - r.since
-            if r.state == "awaiting_checkpoint" and waited >= c.await_checkpoint_timeout_s:
+            if r.state == GroupState.AWAITING_CHECKPOINT and waited >= c.await_checkpoint_timeout_s:
                 self._relaunch(g)
             elif r.state in LOADING and waited >= c.load_timeout_s:
                 self._cool(g)
@@ -426,16 +445,16 @@ class Rules:
             )
 
         self.applying = True
-        start = "active" if e.version == self.fleet.version else "pending_weights"
+        start = GroupState.ACTIVE if e.version == self.fleet.version else GroupState.PENDING_WEIGHTS
         record = GroupRecord(e.group, self.fleet, e.version, state=start)
         recovery = RecoveryRecord(
             e.group,
             self.config.clean_syncs_to_reenable,
-            state="enabled" if self.config.immediate_recovery else "disabled",
+            state=SwitchState.ENABLED if self.config.immediate_recovery else SwitchState.DISABLED,
         )
         self.groups[e.group] = _Group(record, recovery, build=True)
-        self.transitions.append((f"group:{e.group}", "create", "", start))
-        if start == "active":
+        self.transitions.append((Label.of(Label.GROUP, e.group), Label.CREATE, "", start))
+        if start == GroupState.ACTIVE:
             self._emit(fx.RouteTraffic(e.group, record.incarnation, e.version))
         else:
             self._catch_up(self.groups[e.group])
@@ -448,16 +467,16 @@ class Rules:
         r.probe_failures += 1
         if r.probe_failures >= self.config.suspect_threshold:
             self._fail(g, kill="failed probes")  # it may still run: make sure it is gone
-        elif r.state == "active":
-            self._fire_group(g, "probe_failed")
+        elif r.state == GroupState.ACTIVE:
+            self._fire_group(g, GroupEvent.PROBE_FAILED)
 
     def on_ProbeOk(self, e: ev.ProbeOk) -> None:
         g = self._current(e, SERVING)
         if g is None:
             return
         g.record.probe_failures = 0
-        if g.record.state == "suspect":
-            self._fire_group(g, "probe_ok")
+        if g.record.state == GroupState.SUSPECT:
+            self._fire_group(g, GroupEvent.PROBE_OK)
 
     def on_GroupFailed(self, e: ev.GroupFailed) -> None:
         g = self._current(e, _FAILABLE)
@@ -476,9 +495,9 @@ class Rules:
         assert lease is not None
         g.record.version = lease.version
         if g.record.serves_current:
-            self._fire_group(g, "admit")
+            self._fire_group(g, GroupEvent.ADMIT)
         else:  # a sync landed during the load: catch up from its checkpoint if ready
-            self._fire_group(g, "loaded_stale")
+            self._fire_group(g, GroupEvent.LOADED_STALE)
             self._catch_up(g)
 
     def on_RestartLoadFailed(self, e: ev.RestartLoadFailed) -> None:
@@ -495,7 +514,7 @@ class Rules:
             return
         self._end_start(g)
         g.record.version = None
-        self._fire_group(g, "relaunched")
+        self._fire_group(g, GroupEvent.RELAUNCHED)
         self._catch_up(g)
 
     def on_RelaunchFailed(self, e: ev.RelaunchFailed) -> None:
@@ -511,28 +530,28 @@ class Rules:
         """The group is down (``kill``: the controller decided so, and its process must be
         stopped first): choose retire, immediate restart, wait, or cold restart."""
         r = g.record
-        self._fire_group(g, "fail")
+        self._fire_group(g, GroupEvent.FAIL)
         if kill is not None:
             self._emit(fx.StopGroup(r.name, r.incarnation, kill))
         r.version = None
         if r.restarts >= self.config.restart_budget:
-            self._fire_group(g, "retire")
+            self._fire_group(g, GroupEvent.RETIRE)
             self._emit(fx.RetireGroup(r.name))
             return
         r.restarts += 1
-        if g.recovery.state != "enabled":
+        if g.recovery.state != SwitchState.ENABLED:
             self._relaunch(g)
             return
         current = self.checkpoints.get(self.fleet.version)
-        if current is not None and current.record.state == "ready":
+        if current is not None and current.record.state == CheckpointState.READY:
             self._restart_from(g, current)
-        elif (current is not None and current.record.state == "exporting") or (
+        elif (current is not None and current.record.state == CheckpointState.EXPORTING) or (
             current is None
             and self.config.export_every_sync
             and self.fleet.version != self.initial_version  # no sync announced it yet
             and self.fleet.version not in self.finished
         ):
-            self._fire_group(g, "await_checkpoint")
+            self._fire_group(g, GroupEvent.AWAIT_CHECKPOINT)
             r.since = self.now
         else:
             self._relaunch(g)
@@ -542,23 +561,23 @@ class Rules:
         a ready one is superseded (and deleted once unleased), a running export abandoned
         and, unless the user keeps it, cancelled."""
         for ck in list(self.checkpoints.values()):
-            if ck.record.state == "ready":
-                self._fire_ck(ck, "supersede")
+            if ck.record.state == CheckpointState.READY:
+                self._fire_ck(ck, CheckpointEvent.SUPERSEDE)
                 self._reap(ck)
-            elif ck.record.state == "exporting":
-                self._fire_ck(ck, "abandon")
+            elif ck.record.state == CheckpointState.EXPORTING:
+                self._fire_ck(ck, CheckpointEvent.ABANDON)
                 if not ck.record.pinned:
                     self._emit(fx.CancelExport(ck.record.version))
 
     def _restart_from(self, g: _Group, ck: _Checkpoint) -> None:
         """Lease the current committed checkpoint and start a new incarnation from it."""
-        assert ck.record.state == "ready" and ck.record.version == self.fleet.version
+        assert ck.record.state == CheckpointState.READY and ck.record.version == self.fleet.version
         assert ck.record.path is not None
         r = self._next_incarnation(g)
         lease = Lease(r.name, r.incarnation, ck.record.version, self.fleet.version)
         self.starts[(r.name, r.incarnation)] = Start("load", lease)
         ck.record.leases += 1
-        self._fire_group(g, "load")
+        self._fire_group(g, GroupEvent.LOAD)
         self._emit(fx.RestartFromCheckpoint(r.name, r.incarnation, lease.version, ck.record.path))
 
     def _catch_up(self, g: _Group) -> None:
@@ -570,10 +589,10 @@ class Rules:
         r = g.record
         ck = self.checkpoints.get(self.fleet.version)
         if (
-            r.state != "pending_weights"
-            or g.recovery.state != "enabled"
+            r.state != GroupState.PENDING_WEIGHTS
+            or g.recovery.state != SwitchState.ENABLED
             or ck is None
-            or ck.record.state != "ready"
+            or ck.record.state != CheckpointState.READY
         ):
             return
         assert ck.record.path is not None
@@ -582,7 +601,7 @@ class Rules:
         lease = Lease(r.name, r.incarnation, ck.record.version, self.fleet.version)
         self.starts[(r.name, r.incarnation)] = Start("load", lease)
         ck.record.leases += 1
-        self._fire_group(g, "reload")
+        self._fire_group(g, GroupEvent.RELOAD)
         self._emit(
             fx.LoadCheckpoint(r.name, r.incarnation, lease.version, ck.record.path, previous)
         )
@@ -590,7 +609,7 @@ class Rules:
     def _relaunch(self, g: _Group) -> None:
         r = self._next_incarnation(g)
         self.starts[(r.name, r.incarnation)] = Start("relaunch", None)
-        self._fire_group(g, "relaunch")
+        self._fire_group(g, GroupEvent.RELAUNCH)
         self._emit(fx.RestartCold(r.name, r.incarnation))
 
     def _next_incarnation(self, g: _Group) -> GroupRecord:
@@ -612,13 +631,15 @@ class Rules:
 
     def _cool(self, g: _Group) -> None:
         g.recovery.clean_streak = 0
-        if g.recovery.state == "enabled":
-            self._fire(g.recovery_machine, f"recovery:{g.record.name}", "cool")
+        if g.recovery.state == SwitchState.ENABLED:
+            self._fire(
+                g.recovery_machine, Label.of(Label.RECOVERY, g.record.name), SwitchEvent.COOL
+            )
 
     def _reap(self, ck: _Checkpoint) -> None:
         """Move a superseded checkpoint to deletion if its guard lets it."""
-        if ck.record.state == "superseded" and ck.record.reapable:
-            self._fire_ck(ck, "reap")
+        if ck.record.state == CheckpointState.SUPERSEDED and ck.record.reapable:
+            self._fire_ck(ck, CheckpointEvent.REAP)
             assert ck.record.path is not None
             self._emit(fx.DeleteCheckpoint(ck.record.version, ck.record.path))
 
@@ -631,7 +652,11 @@ class Rules:
             del self.finished[min(self.finished)]
 
     def _awaiting(self) -> Iterator[_Group]:
-        return (g for g in list(self.groups.values()) if g.record.state == "awaiting_checkpoint")
+        return (
+            g
+            for g in list(self.groups.values())
+            if g.record.state == GroupState.AWAITING_CHECKPOINT
+        )
 
     # -- what is outstanding -----------------------------------------------------------------
 
@@ -644,12 +669,12 @@ class Rules:
             out.append(f"{what} of group {name!r} incarnation {incarnation} has not reported")
         for v, ck in sorted(self.checkpoints.items()):
             state = ck.record.state
-            if state in {"exporting", "abandoned"}:
+            if state in {CheckpointState.EXPORTING, CheckpointState.ABANDONED}:
                 out.append(f"the export of version {v} is still running ({state})")
-            elif state == "deletable":
+            elif state == CheckpointState.DELETABLE:
                 out.append(f"the delete of checkpoint {v} has not been reported")
         for name, g in sorted(self.groups.items()):
-            if g.record.state == "awaiting_checkpoint":
+            if g.record.state == GroupState.AWAITING_CHECKPOINT:
                 out.append(f"group {name!r} is waiting for a checkpoint")
         return out
 
@@ -714,7 +739,7 @@ class Rules:
         return incarnation != g.record.incarnation or g.record.state not in waiting
 
     def _require_checkpoint(
-        self, e: ev.Event, version: int, event: str = "", states: set[str] | None = None
+        self, e: ev.Event, version: int, event: str = "", states: frozenset[str] | None = None
     ) -> _Checkpoint:
         """The checkpoint of ``version``, if it accepts machine ``event`` (or is in
         ``states``). Export outcomes, pins and deletions are accepted after shutdown."""
@@ -742,14 +767,17 @@ class Rules:
         machine.send(event)
         self.transitions.append((label, event, source, model.state))
 
+    def _fire_switch(self, g: _Group, event: str) -> None:
+        self._fire(g.recovery_machine, Label.of(Label.RECOVERY, g.record.name), event)
+
     def _fire_ck(self, ck: _Checkpoint, event: str) -> None:
-        self._fire(ck.machine, f"checkpoint:{ck.record.version}", event)
+        self._fire(ck.machine, Label.of(Label.CHECKPOINT, ck.record.version), event)
 
     def _fire_group(self, g: _Group, event: str) -> None:
         """Move a group; when that changes whether it may serve, tell the router."""
         r = g.record
         was_serving = r.state in SERVING
-        self._fire(g.machine, f"group:{r.name}", event)
+        self._fire(g.machine, Label.of(Label.GROUP, r.name), event)
         if r.state not in WAITING:
             r.since = None
         serving = r.state in SERVING

@@ -87,7 +87,7 @@ def main(options: DemoOptions, *, baseline: bool = False, display: Display | Non
                 display.end()
             results.append(result)
             if timeline:
-                from ..timeline import draw
+                from ..journal.timeline import draw
 
                 info = draw(result.ledger, out / "timeline.png", title=label)
                 pictures.append(info.path)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from ..ledger import PATHS, percentile
+from ..journal.ledger import PATHS, percentile
 from ..replay import replay
 from .run import RunResult
 

@@ -24,12 +24,10 @@ import attrs
 import ray
 import torch
 
-from .. import RecoveryConfig
+from .. import GroupView, RecoveryConfig
 from .. import effects as fx
 from ..errors import RecoveryError
-from ..ledger import Ledger
-from ..link import ControllerLink
-from ..machines import LOADING, RELAUNCHING, SERVING, UP
+from ..journal.ledger import Ledger
 from ..ray import RecoveryRuntime, Statistics
 from ..trainer import RecoveryHooks
 
@@ -40,7 +38,6 @@ MODELS: dict[str, dict[str, Any]] = {
     "medium": dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=6, vocab_size=4096),
 }
 KINDS = ("idle", "export", "loading", "double", "repeat")
-STARTING = LOADING | RELAUNCHING
 RUNS = ("immediate", "cold")  # a run's directory under --out, by path
 WRITTEN = frozenset({"journal.jsonl", "checkpoints", "timeline.png"})  # in a run's directory
 _CHECKPOINT = re.compile(r"step-\d+|\.tmp-step-\d+-[0-9a-f]+")
@@ -296,13 +293,15 @@ class _Chaos:
             self._kill(first, kind, "two at once")
             self._kill(second, kind, "two at once")
         elif kind == "loading":  # a restart dies while it loads
-            if self._kill(first, kind, "to restart it") and self._restarted(first, STARTING):
+            restarting = self._kill(first, kind, "to restart it")
+            if restarting and self._restarted(first, lambda g: g.starting):
                 self._kill(first, kind, "while its restart loads")
         elif kind == "repeat":  # one group that keeps dying
             for n in range(3):
                 if not self._kill(first, kind, f"{n + 1} of 3 in a row"):
                     return
-                if not self._restarted(first, STARTING | UP) or self.closing.wait(0.5):
+                back = self._restarted(first, lambda g: g.starting or g.up)
+                if not back or self.closing.wait(0.5):
                     return
 
     def _serving(self, index: int, besides: str | None = None) -> str | None:
@@ -310,7 +309,7 @@ class _Chaos:
         groups = self.rt.groups
         for k in range(len(groups)):
             g = groups[(index + k) % len(groups)]
-            if g != besides and self.rt.controller.group_state(g) in SERVING:
+            if g != besides and self.rt.controller.group(g).serving:
                 return g
         return None
 
@@ -322,15 +321,17 @@ class _Chaos:
                 return None
         return group
 
-    def _restarted(self, group: str | None, states: frozenset[str], timeout: float = 30) -> bool:
-        """Wait until a newer process of ``group`` than the one just killed is in ``states``."""
+    def _restarted(
+        self, group: str | None, where: Callable[[GroupView], bool], timeout: float = 30
+    ) -> bool:
+        """Wait until a newer process of ``group`` than the one just killed is ``where``."""
         if group is None:
             return False
         killed = self.killed_incarnation[group]
         deadline = time.monotonic() + timeout
         while not self.closing.is_set() and time.monotonic() < deadline:
             g = self.rt.controller.group(group)
-            if g.incarnation > killed and g.state in states:
+            if g.incarnation > killed and where(g):
                 return True
             time.sleep(0.02)
         return False
@@ -423,20 +424,15 @@ def run(
     ledger = rt.ledger
     return RunResult(
         immediate, options, journal, root, ledger, counters, rt.statistics(), closed.drained,
-        rt.controller.outstanding(), len(_local(rt).errors), leaked, kept,
+        rt.controller.outstanding(), len(rt.errors), leaked, kept,
         time.monotonic() - started, trainer.losses,
     )  # fmt: skip
-
-
-def _local(rt: RecoveryRuntime) -> ControllerLink:
-    assert isinstance(rt.link, ControllerLink), "the demo hosts its controller in-process"
-    return rt.link
 
 
 def _settled(rt: RecoveryRuntime) -> bool:
     """Every group serves the fleet's version or was retired."""
     version = rt.ledger.version
     return all(
-        (g.state in SERVING and g.version == version) or g.state == "retired"
+        (g.serving and g.version == version) or g.state == "retired"
         for g in rt.controller.groups().values()
     )

@@ -27,8 +27,8 @@ import ray
 from .. import CheckpointView, GroupView, RecoveryConfig, RecoveryController
 from .. import effects as fx
 from .. import events as ev
+from ..host import EffectError, FailedEffects
 from ..journal import JsonlJournal
-from ..link import EffectError, FailedEffects
 
 log = logging.getLogger(__name__)
 

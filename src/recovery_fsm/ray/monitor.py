@@ -21,7 +21,7 @@ from typing import Any
 import ray
 
 from .. import events as ev
-from ..link import ControllerQueries
+from ..host import ControllerQueries
 from .actors import ActorTable
 from .reporter import Reporter
 

@@ -24,7 +24,7 @@ from typing import Any
 from .. import ControllerBroken, ControllerStopped, RecoveryError
 from .. import effects as fx
 from .. import events as ev
-from ..link import Link
+from ..host import Link
 from .safety import SafetyCounters
 
 log = logging.getLogger(__name__)

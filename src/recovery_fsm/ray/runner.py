@@ -27,7 +27,7 @@ from typing import Any
 from .. import effects as fx
 from .. import events as ev
 from ..export import CheckpointStore
-from ..link import EffectError, FailedEffects
+from ..host import EffectError, FailedEffects
 from .actors import ActorTable, BootFailed, Launcher, kill
 from .reporter import Reporter
 from .router import TrafficRouter

@@ -40,9 +40,9 @@ import torch
 from .. import ExporterClosed, RecoveryConfig, RecoveryController, RecoveryError, Rules
 from .. import events as ev
 from ..export import AsyncHFExporter, CheckpointStore, ExportHandle, model_digest
+from ..host import ControllerLink, ControllerQueries, EffectError, Link
 from ..journal import JsonlJournal
-from ..ledger import PATHS, Ledger
-from ..link import ControllerLink, ControllerQueries, EffectError, Link
+from ..journal.ledger import PATHS, Ledger
 from .actors import ActorTable, Booted, BootFailed, Launcher, kill
 from .engine import Generation, ReferenceEngine
 from .hosting import RemoteController, RemoteLink

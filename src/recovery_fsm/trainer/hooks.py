@@ -31,7 +31,7 @@ import attrs
 
 from .. import RecoveryError, sync_verdict
 from ..export import ExportHandle
-from ..ledger import Ledger
+from ..journal.ledger import Ledger
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from statemachine.contrib.diagram import MermaidGraphMachine
 
-from .machines import MACHINES
+from ..machines import MACHINES
 
 _TITLES = {
     "checkpoint": "Checkpoint: one per exported recovery checkpoint C(v)",

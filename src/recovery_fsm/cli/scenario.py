@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import events as ev
-from .controller import RecoveryController
-from .effects import DeleteCheckpoint, Effect, RestartFromCheckpoint
-from .rules import RecoveryConfig
+from .. import DeleteCheckpoint, Effect, RecoveryConfig, RecoveryController, RestartFromCheckpoint
+from .. import events as ev
 
 
 def seed_race(out: Callable[[str], None] = print) -> RecoveryController:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .errors import RecoveryError
+from ..errors import RecoveryError
 
 USAGE, FAILED, INTERRUPTED = 2, 1, 130
 # A journal this program did not write fails deep in a reader as one of these (a record that
@@ -45,7 +45,7 @@ def _os_error(err: OSError) -> str:
 def _read_journal(path: str) -> list[dict[str, Any]]:
     """A journal's records, checked for the shape every reader assumes (objects; one
     header, first), so that what is not a journal is named as such."""
-    from .journal import read_journal
+    from ..journal import read_journal
 
     if Path(path).is_dir():
         raise Failed(f"{path} is a directory; pass the journal file in it (journal.jsonl)")
@@ -108,7 +108,7 @@ def _demo(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise Failed(f"--out {out} is a file; give a directory for the demo's runs", USAGE)
     try:
-        from .demo import DemoOptions, Display, main
+        from ..demo import DemoOptions, Display, main
     except ImportError as err:
         raise Failed(f"the demo needs the extras [torch,ray,demo] ({err}); run ./scripts/demo "
                      "or pip install -e '.[torch,ray,demo]'") from err  # fmt: skip
@@ -127,8 +127,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _timeline(args: argparse.Namespace) -> int:
-    from .ledger import Ledger
-    from .timeline import draw
+    from ..journal.ledger import Ledger
+    from ..journal.timeline import draw
 
     records = _read_journal(args.journal)
     try:
@@ -172,7 +172,7 @@ def _fraction(text: str) -> float:
 
 def _controller(name: str) -> Any:
     """``--controller``: checked while parsing, so a misspelt name is a usage error."""
-    from .replay import rules_class
+    from ..replay import rules_class
 
     try:
         return rules_class(name)
@@ -181,7 +181,7 @@ def _controller(name: str) -> Any:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from .replay import replay
+    from ..replay import replay
 
     _read_journal(args.journal)
     try:
@@ -194,7 +194,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _explore(args: argparse.Namespace) -> int:
-    from .search import explore
+    from ..search import explore
 
     if args.journal_dir and Path(args.journal_dir).is_file():
         raise Failed(f"--journal-dir {args.journal_dir} is a file; give a directory", USAGE)
@@ -288,6 +288,3 @@ def _parser() -> argparse.ArgumentParser:
     x.set_defaults(func=_explore)
     return parser
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -28,9 +28,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from .controller import CheckpointView, GroupView, RecoveryController
-from .effects import Effect
-from .events import Event
+from .. import CheckpointView, Effect, Event, GroupView, RecoveryController
 
 log = logging.getLogger(__name__)
 

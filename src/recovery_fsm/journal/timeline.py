@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from .errors import RecoveryError
+from ..errors import RecoveryError
 from .ledger import Ledger
 
 ROW_IN = 0.5  # height of one row, inches

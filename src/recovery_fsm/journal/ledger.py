@@ -25,7 +25,15 @@ from typing import Any
 
 import attrs
 
-from .machines import SERVING, SYNC_VERDICTS, sync_verdict
+from ..machines import (
+    SERVING,
+    SYNC_VERDICTS,
+    GroupEvent,
+    GroupState,
+    Label,
+    SwitchState,
+    sync_verdict,
+)
 
 PATHS = ("immediate", "waited", "cold")
 
@@ -123,7 +131,7 @@ class Ledger:
 
     @classmethod
     def read(cls, path: str | Path) -> Ledger:
-        from .journal import read_journal
+        from .jsonl import read_journal
 
         return cls(read_journal(path))
 
@@ -191,18 +199,18 @@ class Ledger:
         stops: Mapping[str, Mapping[str, Any]],
     ) -> None:
         kind, _, who = label.partition(":")
-        if kind == "recovery":
-            if target == "cooldown":
+        if kind == Label.RECOVERY:
+            if target == SwitchState.COOLDOWN:
                 self.cooldowns += 1
             return
-        if kind != "group":
+        if kind != Label.GROUP:
             return
         span = self._open.pop(who, None)
         if span is not None:
             self._keep_last(self._closed, attrs.evolve(span, end=at))
         self._open[who] = Span(who, target, at, None)
         outage = self._outages.get(who)
-        if name == "fail":
+        if name == GroupEvent.FAIL:
             stop = stops.get(who, {})
             why = event.get("reason") or event.get("error") or stop.get("reason") or event["kind"]
             inc = event.get("incarnation", stop.get("incarnation", 0))
@@ -214,20 +222,20 @@ class Ledger:
                 outage.waited, outage.path = False, None
         elif outage is None:
             return
-        elif name == "await_checkpoint":
+        elif name == GroupEvent.AWAIT_CHECKPOINT:
             outage.waited = True
-        elif name == "load":
+        elif name == GroupEvent.LOAD:
             outage.path = "waited" if outage.waited else "immediate"
-        elif name == "reload" and outage.path in (None, "cold"):
+        elif name == GroupEvent.RELOAD and outage.path in (None, "cold"):
             outage.path = "waited"  # came up cold, then loaded C(v) once it was ready
-        elif name == "relaunch":
+        elif name == GroupEvent.RELAUNCH:
             outage.path = "cold"
-        elif name == "admit":
+        elif name == GroupEvent.ADMIT:
             del self._outages[who]
             path = outage.path or "cold"
             self._keep_last(self._recoveries, Recovery(who, outage.failed_at, at, path))
             self._recovered[path] += 1
-        elif target in ("retired", "stopped"):
+        elif target in (GroupState.RETIRED, GroupState.STOPPED):
             del self._outages[who]
 
     def _keep_last(self, facts: list[Any], fact: Any) -> None:
@@ -237,7 +245,7 @@ class Ledger:
             old = facts.pop(0)
             if isinstance(old, Span):
                 self._dropped_groups.add(old.group)
-                if old.state not in SERVING and old.state != "stopped" and old.end is not None:
+                if _idle(old.state) and old.end is not None:
                     self._dropped_idle_s += old.end - old.start
 
     # -- reading -----------------------------------------------------------------------------
@@ -289,7 +297,7 @@ class Ledger:
         with self._lock:
             total = self._dropped_idle_s  # spans dropped had ended before any kept one
         for s in self.spans(until=end):
-            if s.state in SERVING or s.state == "stopped" or s.start >= end:
+            if not _idle(s.state) or s.start >= end:
                 continue
             total += min(s.end if s.end is not None else end, end) - s.start
         return total
@@ -327,3 +335,8 @@ class Ledger:
         if done:
             out["recovery/export_duration_s"] = done[-1].end - done[-1].start  # type: ignore[operator]
         return out
+
+
+def _idle(state: str) -> bool:
+    """A group in ``state`` is idle: not serving, and not stopped for good."""
+    return state not in SERVING and state != GroupState.STOPPED
