@@ -1,4 +1,5 @@
-"""Every Python block of the README runs as written, so the README cannot drift."""
+"""Every Python block of the README (and of docs/export.md, whose example moved there) runs
+as written, so they cannot drift."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", ROOT / "docs" / "export.md"]
+BLOCKS = [
+    block
+    for page in PAGES
+    for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+]
 
 
 def test_the_readme_has_python_examples() -> None:
