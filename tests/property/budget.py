@@ -18,11 +18,14 @@ class Budget:
     mutant_examples: int  # at most, per broken variant (the search stops at the first find)
     depth: int  # exhaustive search of the real controller
     liveness_depth: int  # ... with every state also settled fairly
+    seeds: int  # each broken variant must be found on every one of this many seeds
 
 
 PROFILES = {
-    "ci": Budget(examples=150, steps=40, mutant_examples=1000, depth=6, liveness_depth=5),
-    "deep": Budget(examples=3000, steps=80, mutant_examples=3000, depth=8, liveness_depth=7),
+    "ci": Budget(examples=150, steps=40, mutant_examples=1000, depth=6, liveness_depth=5, seeds=5),
+    "deep": Budget(
+        examples=3000, steps=80, mutant_examples=3000, depth=8, liveness_depth=7, seeds=20
+    ),
 }
 PROFILE = os.environ.get("RECOVERY_FSM_PROFILE", "ci")
 if PROFILE not in PROFILES:

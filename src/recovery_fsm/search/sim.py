@@ -183,7 +183,7 @@ class Sim:
         out += [Action(SCHEDULER, "deleted", v) for v in sorted(set(w.deleting.values()))]
         return out
 
-    def _waits(self) -> list[float]:
+    def waits(self) -> list[float]:
         """Seconds until each running wait reaches its deadline."""
         c, w = self.scope.config, self.world
         limits = {
@@ -197,7 +197,7 @@ class Sim:
 
     def _tick_amounts(self) -> list[float]:
         """Land exactly on the next deadline, and just before it."""
-        waits = [d for d in self._waits() if d >= 0]
+        waits = [d for d in self.waits() if d >= 0]
         if not waits:
             return []
         edge = waits[0]
@@ -399,7 +399,7 @@ class Sim:
         if waiting and w.fleet not in w.started:
             return Action(TRAINER, "export")
         if waiting:
-            return Action(TRAINER, "tick", self._waits()[0])
+            return Action(TRAINER, "tick", self.waits()[0])
         states = {v.state for v in self.controller.groups().values()}
         if "pending_weights" in states:
             return Action(TRAINER, "sync")  # beyond max_version: fairness needs progress

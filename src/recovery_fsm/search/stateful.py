@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from ..rules import Rules
-from .sim import TRAINER, Action, Scope, Sim, small_config
+from .sim import SCHEDULER, TRAINER, Action, Scope, Sim, small_config
 
 # Hypothesis searches a wider world than the explorer: three groups, probes, pins,
 # syncs that leave a group out, more versions and failures.
@@ -35,9 +35,13 @@ WIDE = Scope(
 
 
 # Rules group the actions so the common moves of a race are drawn often and the rest
-# still happen: Hypothesis picks among enabled rules evenly.
+# still happen: Hypothesis picks among enabled rules evenly. A few rules take a short
+# sequence in one go (a training step, a push racing a restart): drawn move by move among
+# everything else, those shapes come up on some seeds only, and with them the bugs that
+# need them (every broken variant must be found on every seed).
 TRAINER_STEPS = frozenset({"sync", "export", "tick"})
 EXPORT = frozenset({"export"})
+SYNC = frozenset({"sync"})
 FAILURES = frozenset({"fail"})
 COMPLETIONS = frozenset({"commit", "loaded", "relaunched", "deleted"})
 MISHAPS = frozenset(
@@ -61,6 +65,11 @@ RARE = frozenset(
 
 def _enabled(sim: Sim, kinds: frozenset[str]) -> list[Action]:
     return [a for a in sim.actions() if a.kind in kinds]
+
+
+def _deadlines(sim: Sim) -> list[float]:
+    """Seconds from now until each running start or wait reaches its deadline."""
+    return [d for d in sim.waits() if d >= 0]
 
 
 class RaceFound(AssertionError):
@@ -95,12 +104,22 @@ def race_search(
             type(self).examples += 1
             self.failed = False
 
-        @initialize(n=st.integers(1, 3), budget=st.integers(1, 4), threshold=st.integers(1, 3))
-        def configure(self, n: int, budget: int, threshold: int) -> None:
+        @initialize(
+            n=st.integers(1, 3),
+            budget=st.integers(1, 4),
+            threshold=st.integers(1, 3),
+            warm=st.booleans(),
+        )
+        def configure(self, n: int, budget: int, threshold: int, warm: bool) -> None:
+            """``warm``: the run resumes from a committed checkpoint of its first weights, so
+            a failure before the first sync restarts from it rather than cold."""
             config = small_config(
                 clean_syncs_to_reenable=n, restart_budget=budget, suspect_threshold=threshold
             )
             self.sim = Sim(attrs.evolve(scope, config=config), rules)
+            if warm:
+                self._check(self.sim.step(Action(TRAINER, "export")))
+                self._check(self.sim.step(Action(SCHEDULER, "commit", self.sim.world.fleet)))
 
         def _check(self, problems: list[str]) -> None:
             if not problems:
@@ -116,11 +135,52 @@ def race_search(
             choice: Action = data.draw(st.sampled_from(_enabled(self.sim, kinds)))
             self._check(self.sim.step(choice))
 
+        def _step_if_enabled(self, action: Action) -> bool:
+            if action not in self.sim.actions():
+                return False
+            self._check(self.sim.step(action))
+            return True
+
         @precondition(lambda self: bool(_enabled(self.sim, TRAINER_STEPS)))
         @rule(data=st.data())
         def trainer(self, data: st.DataObject) -> None:
             """Export the version just synced, else sync the next one or let time pass."""
             self._take(data, EXPORT if _enabled(self.sim, EXPORT) else TRAINER_STEPS)
+
+        @precondition(lambda self: bool(_enabled(self.sim, SYNC)))
+        @rule(commit=st.sampled_from([True, True, True, False]))
+        def training_step(self, commit: bool) -> None:
+            """A whole step of the trainer: export the version it serves, let the export
+            land (mostly) or not (a miss), sync the next. Runs of these reach the clean-sync
+            streak's corners (a miss while cooling down after some clean syncs), and keep
+            immediate recovery enabled often enough for restarts from checkpoints to race."""
+            self._step_if_enabled(Action(TRAINER, "export"))
+            if commit:  # unless it failed or landed already
+                self._step_if_enabled(Action(SCHEDULER, "commit", self.sim.world.fleet))
+            self._check(self.sim.step(Action(TRAINER, "sync")))
+
+        @precondition(lambda self: bool(_enabled(self.sim, FAILURES) and _enabled(self.sim, SYNC)))
+        @rule(data=st.data(), back_first=st.booleans())
+        def push_races_restart(self, data: st.DataObject, back_first: bool) -> None:
+            """A group dies while the trainer pushes the next weights: its restart finishes
+            before or after the push is reported, and the report names the process the push
+            was sent to, the one that died."""
+            died: Action = data.draw(st.sampled_from(_enabled(self.sim, FAILURES)))
+            self._check(self.sim.step(died))
+            assert isinstance(died.target, str)
+            group = died.target
+            if back_first:
+                self._restart_finishes(group)
+            if not self._step_if_enabled(Action(TRAINER, "sync_late", group)):
+                self._step_if_enabled(Action(TRAINER, "sync"))  # it was the first process
+            if not back_first:
+                self._restart_finishes(group)
+
+        def _restart_finishes(self, group: str) -> None:
+            """The group's current start (a load or a cold start), if one runs, succeeds."""
+            current = f"{group}#{self.sim.world.procs[group].incarnation}"
+            for kind in ("loaded", "relaunched"):
+                self._step_if_enabled(Action(SCHEDULER, kind, current))
 
         @precondition(lambda self: bool(_enabled(self.sim, FAILURES)))
         @rule(data=st.data())
@@ -146,16 +206,24 @@ def race_search(
             """Pins, probes, a sync that leaves a group out, shutdown."""
             self._take(data, RARE)
 
-        @precondition(lambda self: bool(self.sim.delivered))
-        @rule(index=st.integers(0, 63))
-        def duplicate(self, index: int) -> None:
-            """A completion is delivered again, late."""
-            self._check(self.sim.duplicate(index))
+        @rule(index=st.integers(0, 127))
+        def wrong_event(self, index: int) -> None:
+            """A completion delivered again, late, or something the trainer must not send:
+            refused, nothing changes. One rule for both, so that refusals, always possible,
+            do not crowd out the moves of a race."""
+            if index % 2 and self.sim.delivered:
+                self._check(self.sim.duplicate(index // 2))
+            else:
+                self._check(self.sim.misuse(index // 2))
 
-        @rule(index=st.integers(0, 63))
-        def misuse(self, index: int) -> None:
-            """The trainer sends something it must not: refused, nothing changes."""
-            self._check(self.sim.misuse(index))
+        @precondition(lambda self: bool(_deadlines(self.sim)))
+        @rule(data=st.data())
+        def start_hangs(self, data: st.DataObject) -> None:
+            """Nothing reports until a drawn start (or wait) reaches its deadline: the
+            trainer's ticks land only on the earliest one, and a load rarely hangs that long
+            when its completion is drawn as often as everything else."""
+            seconds: float = data.draw(st.sampled_from(_deadlines(self.sim)))
+            self._check(self.sim.step(Action(TRAINER, "tick", seconds)))
 
         @rule(seconds=st.floats(0.0, 25.0, allow_nan=False))
         def time_passes(self, seconds: float) -> None:

@@ -401,6 +401,14 @@ class World:
             expected = self.recovery[name].state
             if g.recovery != expected:
                 out.append(f"immediate recovery of {name} is {g.recovery}, expected {expected}")
+            # The count decides when recovery comes back: a wrong one is a late or early
+            # re-enable already decided, several syncs before anyone could see it.
+            streak = c.rules.groups[name].recovery.clean_streak
+            if streak != self.recovery[name].streak:
+                out.append(
+                    f"immediate recovery of {name} counts {streak} clean syncs in a row, "
+                    f"expected {self.recovery[name].streak}"
+                )
             stale = p.status == "up" and p.holds != self.fleet and not self.closed
             if stale and expected == "enabled" and self._current_ready():
                 out.append(
