@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator
 
 import pytest
 
@@ -58,3 +59,14 @@ def driver() -> Driver:
     d = Driver(RecoveryConfig(clean_syncs_to_reenable=2, restart_budget=3), ["g1", "g2"])
     d.step(1)
     return d
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    """A local Ray cluster for one test module: two CPUs, no dashboard, this machine only.
+    A module asks for it with ``pytestmark = pytest.mark.usefixtures("ray_cluster")``."""
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()

@@ -9,10 +9,7 @@ the module, as in test_trainer_and_demo.py.
 from __future__ import annotations
 
 import json
-import logging
-import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -30,13 +27,7 @@ ARGS = ["demo", "--steps", "3", "--groups", "1", "--model", "tiny", "--step-s", 
         "--out", "demo-out"]  # fmt: skip
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cluster() -> Any:
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.ERROR)  # fmt: skip
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def headers(journal: Path) -> int:

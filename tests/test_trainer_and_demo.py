@@ -7,8 +7,6 @@ actors it made.
 from __future__ import annotations
 
 import json
-import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -35,13 +33,7 @@ CONFIG = dict(
 )  # fmt: skip
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cluster() -> Any:
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.ERROR)  # fmt: skip
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def trainer() -> Any:
