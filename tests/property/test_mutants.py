@@ -13,7 +13,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from recovery_fsm import Rules
 from recovery_fsm.replay import replay
-from recovery_fsm.search import MUTANTS, explore
+from recovery_fsm.search import HOSTING_MUTANTS, MUTANTS, Scope, explore
 from recovery_fsm.search.stateful import RaceFound, race_search
 
 
@@ -68,3 +68,39 @@ def test_explorer_finds_the_broken_controller_by_depth_8(name: str, tmp_path: Pa
     assert set(again.violations) & set(result.violations)
     # The real controller, fed the same events, stays safe.
     assert replay(result.journal, Rules).violation_step is None
+
+
+# -- a broken hosting: the real rules, a journal that hides what it lost ----------------------
+
+
+@pytest.mark.parametrize("number", SEEDS)
+@pytest.mark.parametrize("name", sorted(HOSTING_MUTANTS))
+def test_hypothesis_finds_the_broken_hosting_on_every_seed(
+    name: str, number: int, tmp_path: Path
+) -> None:
+    machine = seed(number)(race_search(host=HOSTING_MUTANTS[name], journal_dir=tmp_path))
+    with pytest.raises(RaceFound) as found:
+        run_state_machine_as_test(
+            machine, settings=search_settings(BUDGET.mutant_examples, shrink=False)
+        )
+    assert any("journal" in v for v in found.value.violations), found.value
+    # The journal the search kept is whole: replayed, it ends on the recorded finding.
+    journal = found.value.journal
+    assert journal is not None and journal.name == f"race-{HOSTING_MUTANTS[name].__name__}.jsonl"
+    report = replay(journal)
+    assert not report.divergences
+    replayed = {v.removeprefix("(recorded by the search) ") for v in report.violations}
+    assert replayed and replayed <= set(found.value.violations)
+
+
+# The explorer never sends a refusal (no misuse, no duplicate), so it cannot see that one.
+NO_REFUSALS = {"journals-accepted-only"}
+
+
+@pytest.mark.parametrize("name", sorted(set(HOSTING_MUTANTS) - NO_REFUSALS))
+def test_explorer_finds_the_broken_hosting(name: str) -> None:
+    result = explore(6, Scope(sink_failures=True), host=HOSTING_MUTANTS[name])
+    assert result.found, f"{name} survived the explorer:\n{result.report()}"
+    assert result.trace is not None and "sink_fails" in result.trace
+    real = explore(result.depth, Scope(sink_failures=True))
+    assert not real.found, real.report()

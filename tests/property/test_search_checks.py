@@ -1,12 +1,15 @@
 """The simulator's own checks fire: a refused real completion, an accepted duplicate, a group
-left waiting forever. (The world model's checks are shown by the broken variants.)"""
+left waiting forever, a journal with a gap nobody marked. (The world model's checks are shown
+by the broken variants.)"""
 
 from __future__ import annotations
 
-from recovery_fsm import Rules
+from typing import Any
+
+from recovery_fsm import RecoveryController, Rules
 from recovery_fsm import events as ev
-from recovery_fsm.rules import _Checkpoint, _Group
-from recovery_fsm.search import Scope, Sim
+from recovery_fsm.search import HOSTING_MUTANTS, Scope, Sim
+from recovery_fsm.state import CheckpointSlot, GroupSlot
 
 
 def _walk(sim: Sim, names: list[str]) -> list[str]:
@@ -37,7 +40,7 @@ class ForgetsWaitingGroups(Rules):
     def on_Tick(self, e: ev.Tick) -> None:
         pass
 
-    def _restart_from(self, g: _Group, ck: _Checkpoint) -> None:
+    def _restart_from(self, g: GroupSlot, ck: CheckpointSlot) -> None:
         if g.record.state == "awaiting_checkpoint":
             return  # the group that waited for this export is never restarted
         super()._restart_from(g, ck)
@@ -109,3 +112,68 @@ def test_a_failing_sink_loses_no_effect() -> None:
     assert sim.controller.journal_failures == 1
     assert sim.world.procs["g0"].status == "loading"
     assert sim.settle() == []
+
+
+# -- the journal: a gap only where the sink failed, and marked ("lost") in the next record ----
+
+
+def test_consecutive_sink_failures_are_marked_and_are_no_finding() -> None:
+    sim = Sim(Scope(sink_failures=True))
+    steps = ["export", "sink_fails", "commit(0)", "sink_fails", "fail(g0)", "loaded(g0#2)"]
+    assert _walk(sim, steps) == []
+    assert sim.controller.journal_failures == 2
+    # The simulator keeps every record (for replay), marker stripped; none is missing.
+    assert [r["step"] for r in sim.records] == list(range(len(sim.records)))
+    assert sim.settle() == []
+
+
+def test_a_gap_nobody_marked_is_a_finding() -> None:
+    sim = Sim(Scope(sink_failures=True), host=HOSTING_MUTANTS["forgets-lost-marker"])
+    found = _walk(sim, ["export", "commit(0)", "sink_fails", "fail(g0)", "loaded(g0#2)"])
+    assert found == ["journal record 6 says 0 records before it were lost; the sink failed on 1"]
+    assert sim.records[-1]["finding"] == found  # written for replay
+
+
+def test_an_uncounted_sink_failure_is_a_finding() -> None:
+    sim = Sim(Scope(sink_failures=True), host=HOSTING_MUTANTS["swallows-sink-errors"])
+    found = _walk(sim, ["export", "sink_fails", "commit(0)"])
+    assert found == ["the controller counts 0 journal failures; the sink failed 1 times"]
+
+
+class MarksLossesThatNeverHappened(RecoveryController):
+    """Marks a Tick's record as following a lost one, though the sink lost nothing."""
+
+    def _write_journal(self, record: dict[str, Any]) -> None:
+        if record.get("event", {}).get("kind") == "Tick":
+            self._unjournaled = 1
+        super()._write_journal(record)
+
+
+def test_a_marker_without_a_sink_failure_is_a_finding() -> None:
+    sim = Sim(host=MarksLossesThatNeverHappened)
+    found = _walk(sim, ["sync", "fail(g0)", "tick(10.0)"])
+    assert found == ["journal record 5 says 1 records before it were lost; the sink failed on 0"]
+
+
+class SkipsTickNumbers(RecoveryController):
+    """Numbers a Tick's record one past its step, as if a record before it had gone."""
+
+    def _write_journal(self, record: dict[str, Any]) -> None:
+        if record.get("event", {}).get("kind") == "Tick":
+            record = {**record, "step": record["step"] + 1}
+        super()._write_journal(record)
+
+
+def test_a_record_missing_from_the_numbering_is_a_finding() -> None:
+    sim = Sim(host=SkipsTickNumbers)
+    found = _walk(sim, ["sync", "fail(g0)", "tick(10.0)"])
+    assert found and "journal record 6 came where record 5 was due" in found[0]
+
+
+def test_a_refusal_left_out_of_the_journal_is_a_finding() -> None:
+    real = Sim()
+    assert real.misuse(0) == []
+    assert real.records[-1]["error"]["type"] == "EventNotAllowed"
+    lax = Sim(host=HOSTING_MUTANTS["journals-accepted-only"])
+    found = lax.misuse(0)
+    assert found and "left 0 journal records, not one" in found[0]

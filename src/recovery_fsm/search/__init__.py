@@ -3,8 +3,18 @@ variants to prove the search finds what it should. Hypothesis rules live in ``st
 (it needs the ``dev`` extra)."""
 
 from .explorer import Exploration, explore
-from .mutants import MUTANTS
+from .mutants import HOSTING_MUTANTS, MUTANTS
 from .sim import Action, Scope, Sim, small_config
 from .world import World
 
-__all__ = ["MUTANTS", "Action", "Exploration", "Scope", "Sim", "World", "explore", "small_config"]
+__all__ = [
+    "HOSTING_MUTANTS",
+    "MUTANTS",
+    "Action",
+    "Exploration",
+    "Scope",
+    "Sim",
+    "World",
+    "explore",
+    "small_config",
+]

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import attrs
 
+from ..controller import RecoveryController
 from ..rules import Rules
-from .sim import Scope, Sim
+from .sim import Scope, Sim, subject_name
 
 
 @attrs.frozen
@@ -55,14 +56,16 @@ def explore(
     *,
     liveness: bool = False,
     journal_dir: str | os.PathLike[str] | None = None,
+    host: type[RecoveryController] = RecoveryController,
 ) -> Exploration:
     """Search every ordering up to ``depth`` actions; stop at the first violation.
 
     With ``liveness``, every new state is also settled fairly (on a fork) and must reach a
-    state where every group is active, retired or stopped.
+    state where every group is active, retired or stopped. ``host`` hosts the rules (see
+    ``Sim``).
     """
     started = time.perf_counter()
-    root = Sim(scope, rules)
+    root = Sim(scope, rules, host)
     seen = {root.key()}
     frontier = [root]
     new_states: list[int] = []
@@ -90,7 +93,7 @@ def explore(
                     new_states.append(len(following))
                     journal = None
                     if journal_dir is not None:
-                        name = f"explore-{rules.__name__}.jsonl"
+                        name = f"explore-{subject_name(rules, host)}.jsonl"
                         journal = child.write_journal(Path(journal_dir) / name)
                     return Exploration(
                         level,

@@ -2,25 +2,31 @@
 
 Each is the real ``Rules`` with one rule changed the way ad-hoc recovery code gets it
 wrong. Some bypass the machines' guards by writing a record's state directly, as a flag
-would; that is the point of them. Never use them outside tests and benchmarks.
+would; that is the point of them. ``HOSTING_MUTANTS`` break the hosting instead (the
+controller's journal) with the real rules inside. Never use them outside tests and
+benchmarks.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import attrs
 
 from .. import effects as fx
 from .. import events as ev
-from ..rules import Lease, RecoveryConfig, Rules, Start, _Checkpoint, _Group
+from ..config import RecoveryConfig
+from ..controller import RecoveryController
+from ..rules import Rules
+from ..state import CheckpointSlot, GroupSlot, Lease, Start
 from .sim import checkpoint_path
 
 
 class DeleteIgnoringLeases(Rules):
     """Deletes a superseded checkpoint at once, even while a restarting group loads it."""
 
-    def _reap(self, ck: _Checkpoint) -> None:
+    def _reap(self, ck: CheckpointSlot) -> None:
         if ck.record.state == "superseded" and not ck.record.pinned:
             ck.record.state = "deletable"  # skips the lease guard
             assert ck.record.path is not None
@@ -49,7 +55,7 @@ class LeaseOnSuperseded(Rules):
     """Restarts a failed group from the newest checkpoint on disk when the current one is
     not ready, though that checkpoint holds an older version."""
 
-    def _fail(self, g: _Group, kill: str | None = None) -> None:
+    def _fail(self, g: GroupSlot, kill: str | None = None) -> None:
         current = self.checkpoints.get(self.fleet.version)
         older = [
             ck
@@ -95,7 +101,7 @@ class ReadmitStale(Rules):
 class DisableOnSlowExport(Rules):
     """Turns immediate recovery off for good after one export missed its sync."""
 
-    def _count_sync(self, g: _Group, missed: bool) -> None:
+    def _count_sync(self, g: GroupSlot, missed: bool) -> None:
         if missed and g.recovery.state != "disabled":
             self._fire(g.recovery_machine, f"recovery:{g.record.name}", "disable")
             return
@@ -133,7 +139,7 @@ class CountOldIncarnation(Rules):
 class DemoteSilently(Rules):
     """Demotes a group left out of a sync without telling the router."""
 
-    def _fire_group(self, g: _Group, event: str) -> None:
+    def _fire_group(self, g: GroupSlot, event: str) -> None:
         if event == "demote":
             self._fire(g.machine, f"group:{g.record.name}", event)
         else:
@@ -150,7 +156,7 @@ class NoLoadDeadline(Rules):
 class MissKeepsStreak(Rules):
     """A missed export while already cooling down does not restart the clean-sync count."""
 
-    def _cool(self, g: _Group) -> None:
+    def _cool(self, g: GroupSlot) -> None:
         if g.recovery.state == "enabled":
             super()._cool(g)
 
@@ -159,14 +165,14 @@ class NoCatchUp(Rules):
     """A process that came up with older weights waits for the next sync, though the
     current checkpoint is ready (the group idles up to a whole step)."""
 
-    def _catch_up(self, g: _Group) -> None:
+    def _catch_up(self, g: GroupSlot) -> None:
         pass
 
 
 class CatchUpWhileCooling(Rules):
     """Loads the current checkpoint in place even while immediate recovery cools down."""
 
-    def _catch_up(self, g: _Group) -> None:
+    def _catch_up(self, g: GroupSlot) -> None:
         state = g.recovery.state
         g.recovery.state = "enabled"  # a flag read instead of the switch
         try:
@@ -189,4 +195,40 @@ MUTANTS: dict[str, type[Rules]] = {
     "miss-keeps-streak": MissKeepsStreak,
     "no-catch-up": NoCatchUp,
     "catch-up-while-cooling": CatchUpWhileCooling,
+}
+
+
+# -- broken hosting: the real rules, a journal that hides what it lost ------------------------
+
+
+class ForgetsLostMarker(RecoveryController):
+    """Counts a record its journal sink failed on, but never marks the next record: the
+    journal reads as complete, and a replay rebuilds a state that never was."""
+
+    def _write_journal(self, record: dict[str, Any]) -> None:
+        self._unjournaled = 0
+        super()._write_journal(record)
+
+
+class SwallowsSinkErrors(RecoveryController):
+    """Treats a journal sink's failure as nothing happened: neither counted nor marked."""
+
+    def _write_journal(self, record: dict[str, Any]) -> None:
+        super()._write_journal(record)
+        self._journal_failures = self._unjournaled = 0
+
+
+class JournalsAcceptedOnly(RecoveryController):
+    """Journals accepted events only: a refusal leaves no record, so a replay cannot tell a
+    refused report from one never sent."""
+
+    def _refused(self, event: Any, err: BaseException, *, broke: bool = False) -> None:
+        if broke:
+            super()._refused(event, err, broke=broke)
+
+
+HOSTING_MUTANTS: dict[str, type[RecoveryController]] = {
+    "forgets-lost-marker": ForgetsLostMarker,
+    "swallows-sink-errors": SwallowsSinkErrors,
+    "journals-accepted-only": JournalsAcceptedOnly,
 }

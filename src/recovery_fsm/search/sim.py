@@ -7,8 +7,9 @@ deadline, or shuts down; the health manager reports failures and probes; the sch
 completes any pending effect, with success or failure, in any order (an effect never chosen
 is one that hangs), including the late outcome of a start killed at its deadline; the journal
 sink may fail. ``step`` turns an action into an event, sends it, feeds the world, and returns
-every violation: the controller's invariants, the world's checks, a crash, or a real
-completion refused. Hypothesis and the explorer both drive this one class.
+every violation: the controller's invariants, the world's checks, a crash, a real completion
+refused, or a journal with a gap nobody marked. Hypothesis and the explorer both drive this
+one class.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from typing import Any
 import attrs
 
 from .. import events as ev
+from ..config import RecoveryConfig
 from ..controller import RecoveryController
 from ..errors import RecoveryError
-from ..rules import RecoveryConfig, Rules
+from ..rules import Rules
 from .world import World
 
 TRAINER, HEALTH, SCHEDULER = "trainer", "health", "scheduler"
@@ -93,11 +95,26 @@ class SinkFailure(OSError):
 
 
 class Sim:
-    def __init__(self, scope: Scope | None = None, rules: type[Rules] = Rules) -> None:
+    """``host`` is the class hosting the rules: the real ``RecoveryController`` unless the
+    search is shown a broken one (``mutants.HOSTING_MUTANTS``)."""
+
+    def __init__(
+        self,
+        scope: Scope | None = None,
+        rules: type[Rules] = Rules,
+        host: type[RecoveryController] = RecoveryController,
+    ) -> None:
         self.scope = scope or Scope()
         self.records: list[dict[str, Any]] = []
         self.sink_armed = False
-        self.controller = RecoveryController(self.scope.config, journal=self._sink, rules=rules)
+        # What the sink saw: the step it expects next, the records it raised on since it
+        # last took one (the next record must say so), every record it raised on, what was
+        # wrong with the journal since the last check.
+        self.sink_next_step = 0
+        self.sink_lost = 0
+        self.sink_failures = 0
+        self.sink_problems: list[str] = []
+        self.controller = host(self.scope.config, journal=self._sink, rules=rules)
         self.world = World(self.scope.config)
         self.now = 0.0
         self.failures = 0
@@ -108,11 +125,44 @@ class Sim:
             assert not problems, problems
 
     def _sink(self, record: dict[str, Any]) -> None:
-        """Keeps every record for replay; raises to the controller when armed."""
+        """Keeps every record for replay (so a lost one is kept here, without its marker);
+        raises to the controller when armed. A journal may have a gap only where the sink
+        failed, and the record after it must say how many records it lacks (``"lost"``):
+        a gap nobody marked, or a marker for a gap nobody made, is a finding."""
+        step, lost = record.get("step"), record.get("lost", 0)
+        if step != self.sink_next_step:
+            self.sink_problems.append(
+                f"journal record {step} came where record {self.sink_next_step} was due: "
+                "records went missing without a trace"
+            )
+        if lost != self.sink_lost:
+            self.sink_problems.append(
+                f"journal record {step} says {lost} records before it were lost; the sink "
+                f"failed on {self.sink_lost}"
+            )
+        self.sink_next_step = step + 1 if isinstance(step, int) else self.sink_next_step + 1
         self.records.append({k: v for k, v in record.items() if k != "lost"})
         if self.sink_armed:
             self.sink_armed = False
+            self.sink_lost += 1
+            self.sink_failures += 1
             raise SinkFailure(28, "No space left on device (simulated)")
+        self.sink_lost = 0
+
+    def _journaled(self, event: object, records_before: int) -> list[str]:
+        """What was wrong with the journal while ``event`` was handled: exactly one record per
+        event, every sink failure counted, the sink's own findings."""
+        out, self.sink_problems = self.sink_problems, []
+        written = len(self.records) - records_before
+        if written != 1:
+            out.append(f"{event!r} left {written} journal records, not one")
+        failures = self.controller.journal_failures
+        if failures != self.sink_failures:
+            out.append(
+                f"the controller counts {failures} journal failures; the sink failed "
+                f"{self.sink_failures} times"
+            )
+        return out
 
     def fork(self) -> Sim:
         """An independent copy: the explorer tries every action from one state."""
@@ -120,6 +170,9 @@ class Sim:
         child.scope = self.scope
         child.records = list(self.records)
         child.sink_armed = self.sink_armed
+        # A fork's controller writes a new journal: it owes no marker, counts no failure.
+        child.sink_next_step, child.sink_lost, child.sink_failures = self.sink_next_step, 0, 0
+        child.sink_problems = []
         child.controller = self.controller.fork(journal=child._sink)
         child.world = copy.deepcopy(self.world)
         child.now = self.now
@@ -284,10 +337,12 @@ class Sim:
     def _send(self, event: ev.Event) -> list[str]:
         self.now = event.at
         armed = self.sink_armed
+        before = len(self.records)
         try:
             effects = self.controller.handle(event)
         except RecoveryError as err:
-            return self._found([f"the controller refused {event!r}, which really happened: {err}"])
+            refused = f"the controller refused {event!r}, which really happened: {err}"
+            return self._found([*self._journaled(event, before), refused])
         except Exception as err:  # a crash is a finding, not a test error
             lost = " (the journal sink had failed: effects lost)" if armed else ""
             return self._found(
@@ -295,10 +350,11 @@ class Sim:
             )
         if isinstance(event, _DUPLICABLE):
             self.delivered.append(event)
+        journal = self._journaled(event, before)
         problems = self.world.observe(event, effects)
         problems += self.world.check(self.controller)
         problems += self.controller.check_invariants()
-        return problems
+        return self._found(journal) + problems
 
     def misuse(self, index: int) -> list[str]:
         """Send something the trainer must not (an event after shutdown, a sync that does not
@@ -328,12 +384,14 @@ class Sim:
     def _refused(self, event: ev.Event) -> list[str]:
         self.trace.append(f"wrong({event.kind})")
         before = self.controller.snapshot()
+        records = len(self.records)
         try:
             self.controller.handle(event)
         except RecoveryError:
+            found = self._journaled(event, records)
             if self.controller.snapshot() != before:
-                return self._found([f"refusing {event!r} changed the controller"])
-            return []
+                found.append(f"refusing {event!r} changed the controller")
+            return self._found(found)
         except Exception as err:
             return self._found(
                 [f"the controller crashed on {event!r}: {type(err).__name__}: {err}"]
@@ -440,7 +498,7 @@ class Sim:
             "disk": sorted(w.disk.items()),
             "deleting": sorted(w.deleting.items()),
             "failures": self.failures,
-            "sink": self.sink_armed,
+            "sink": [self.sink_armed, self.sink_lost],
         }
         return json.dumps([snap, world], sort_keys=True, default=str)
 
@@ -454,3 +512,9 @@ class Sim:
 
 def checkpoint_path(version: int) -> str:
     return f"/ckpt/step-{version}"
+
+
+def subject_name(rules: type[Rules], host: type[RecoveryController]) -> str:
+    """What a search runs against, for file and class names: the rules, or the hosting when
+    that is the broken part."""
+    return rules.__name__ if host is RecoveryController else host.__name__

@@ -5,6 +5,7 @@ interleaving. Needs ``hypothesis`` (the ``dev`` extra).
     RaceSearch = race_search()                      # the real controller
     TestRaces = RaceSearch.TestCase                 # for pytest / unittest
     run_state_machine_as_test(race_search(MyRules))
+    run_state_machine_as_test(race_search(host=MyController))  # a broken hosting
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from ..controller import RecoveryController
 from ..rules import Rules
-from .sim import SCHEDULER, TRAINER, Action, Scope, Sim, small_config
+from .sim import SCHEDULER, TRAINER, Action, Scope, Sim, small_config, subject_name
 
 # Hypothesis searches a wider world than the explorer: three groups, probes, pins,
 # syncs that leave a group out, more versions and failures.
@@ -89,10 +91,13 @@ def race_search(
     rules: type[Rules] = Rules,
     scope: Scope = WIDE,
     journal_dir: str | os.PathLike[str] | None = None,
+    host: type[RecoveryController] = RecoveryController,
 ) -> type[RuleBasedStateMachine]:
-    """A RuleBasedStateMachine class searching races in a controller with ``rules``. Each
-    example draws its own N (clean syncs to re-enable), restart budget and probe threshold.
-    A failing example is written to ``journal_dir`` as a journal (the shrunk one last)."""
+    """A RuleBasedStateMachine class searching races in a controller with ``rules``, hosted
+    by ``host``. Each example draws its own N (clean syncs to re-enable), restart budget and
+    probe threshold. A failing example is written to ``journal_dir`` as a journal (the
+    shrunk one last)."""
+    label = subject_name(rules, host)
 
     class RaceSearch(RuleBasedStateMachine):
         examples = 0  # how many examples ran: the search benchmark reads it
@@ -116,7 +121,7 @@ def race_search(
             config = small_config(
                 clean_syncs_to_reenable=n, restart_budget=budget, suspect_threshold=threshold
             )
-            self.sim = Sim(attrs.evolve(scope, config=config), rules)
+            self.sim = Sim(attrs.evolve(scope, config=config), rules, host)
             if warm:
                 self._check(self.sim.step(Action(TRAINER, "export")))
                 self._check(self.sim.step(Action(SCHEDULER, "commit", self.sim.world.fleet)))
@@ -127,7 +132,7 @@ def race_search(
             self.failed = True  # teardown must not bury this finding under another
             journal = None
             if journal_dir is not None:
-                name = f"race-{rules.__name__}.jsonl"
+                name = f"race-{label}.jsonl"
                 journal = self.sim.write_journal(Path(journal_dir) / name)
             raise RaceFound(problems, self.sim.trace, journal)
 
@@ -236,5 +241,5 @@ def race_search(
             if not self.failed and hasattr(self, "sim"):
                 self._check(self.sim.settle())
 
-    RaceSearch.__name__ = RaceSearch.__qualname__ = f"RaceSearch[{rules.__name__}]"
+    RaceSearch.__name__ = RaceSearch.__qualname__ = f"RaceSearch[{label}]"
     return RaceSearch
