@@ -8,7 +8,7 @@ from typing import Any
 
 from recovery_fsm import RecoveryController, Rules
 from recovery_fsm import events as ev
-from recovery_fsm.search import HOSTING_MUTANTS, Scope, Sim
+from recovery_fsm.search import HOSTING_MUTANTS, MUTANTS, Scope, Sim
 from recovery_fsm.state import CheckpointSlot, GroupSlot
 
 
@@ -92,6 +92,17 @@ def test_a_group_left_waiting_is_a_finding() -> None:
     assert _walk(real, ["sync", "fail(g0)", "tick(9.0)"]) == []
     assert real.controller.group_state("g0") == "awaiting_checkpoint"
     assert _walk(real, ["tick(1.0)"]) == [] and real.settle() == []
+
+
+def test_a_wrong_clean_sync_streak_is_a_finding_at_the_sync_that_got_it_wrong() -> None:
+    """A missed export while cooling down must restart the count: the world sees the count
+    itself, so the bug shows at the miss, not several syncs later at an early re-enable."""
+    steps = ["export", "commit(0)", "fail(g0)", "load_fails(g0#2)", "sync", "export", "sync"]
+    assert _walk(Sim(), steps) == []
+    sim = Sim(rules=MUTANTS["miss-keeps-streak"])
+    found = _walk(sim, steps)
+    assert found == ["immediate recovery of g0 counts 1 clean syncs in a row, expected 0"]
+    assert len(sim.trace) == len(steps)  # at the last sync, the miss
 
 
 def test_settle_says_which_way_each_group_came_back() -> None:
