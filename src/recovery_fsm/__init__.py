@@ -1,5 +1,6 @@
 """recovery_fsm: explicit state machines for immediate recovery of rollout worker groups."""
 
+from .config import RecoveryConfig
 from .controller import CheckpointView, GroupView, RecoveryController
 from .effects import (
     CancelExport,
@@ -50,7 +51,8 @@ from .events import (
     WeightsSynced,
 )
 from .machines import SYNC_VERDICTS, sync_verdict
-from .rules import Lease, RecoveryConfig, Rules
+from .rules import Rules
+from .state import Lease
 
 __all__ = [
     "SYNC_VERDICTS",

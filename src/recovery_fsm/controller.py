@@ -30,6 +30,7 @@ import attrs
 from . import effects as fx
 from . import events as ev
 from .codec import encode
+from .config import RecoveryConfig
 from .errors import (
     ControllerBroken,
     EventNotAllowed,
@@ -41,7 +42,8 @@ from .errors import (
 )
 from .invariants import violations
 from .machines import LOADING, RELAUNCHING, SERVING, UP
-from .rules import FINISHED_KEPT, Lease, RecoveryConfig, Rules
+from .rules import FINISHED_KEPT, Rules
+from .state import Lease
 
 __all__ = [
     "CheckpointView",

@@ -12,66 +12,13 @@ the restart).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 
+from . import validators as valid
 from .errors import MalformedEvent
-
-
-def _check_version(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if type(value) is not int or value < 0:
-        raise MalformedEvent(f"{attr.name} must be an int >= 0, got {value!r}")
-
-
-def _check_incarnation(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if type(value) is not int or value < 1:
-        raise MalformedEvent(f"{attr.name} must be an int >= 1, got {value!r}")
-
-
-def _check_name(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if not isinstance(value, str) or not value or value != value.strip():
-        raise MalformedEvent(
-            f"{attr.name} must be a non-empty string without surrounding spaces, got {value!r}"
-        )
-
-
-def _check_time(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise MalformedEvent(f"{attr.name} must be a finite number of seconds, got {value!r}")
-
-
-def _check_text(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if not isinstance(value, str):
-        raise MalformedEvent(f"{attr.name} must be a string, got {value!r}")
-
-
-def _check_bool(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if not isinstance(value, bool):
-        raise MalformedEvent(f"{attr.name} must be True or False, got {value!r}")
-
-
-def _plain_str(value: str) -> str:
-    """A ``str`` subclass as the plain string: a subclass may carry attributes, or an
-    ``__eq__`` or ``__hash__`` that changes after the checks ran. Anything else is left
-    as it is, for the validator to judge."""
-    if isinstance(value, str) and type(value) is not str:
-        return str.__str__(value)
-    return value
-
-
-def _plain_seconds(value: float) -> float:
-    """An ``int`` or ``float`` subclass (an IntEnum, numpy's float64) as the plain number,
-    for the reason ``_plain_str`` gives; a bool is left for the validator to refuse."""
-    if isinstance(value, bool) or type(value) in (int, float):
-        return value
-    if isinstance(value, int):
-        return int.__int__(value)
-    if isinstance(value, float):
-        return float.__float__(value)
-    return value
 
 
 class Incarnations(dict[str, int]):
@@ -154,63 +101,63 @@ class WeightsSynced(Event):
     (group name -> incarnation). An entry for an older incarnation does not count: that
     process is gone, and its successor never received the weights."""
 
-    version: int = attrs.field(validator=_check_version)
+    version: int = attrs.field(validator=valid.version)
     groups: Mapping[str, int] = attrs.field(converter=_to_incarnations)
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
 
 @attrs.frozen
 class ExportStarted(Event):
     """The exporter began writing the recovery checkpoint of ``version``."""
 
-    version: int = attrs.field(validator=_check_version)
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
-    pinned: bool = attrs.field(default=False, validator=_check_bool)
+    version: int = attrs.field(validator=valid.version)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+    pinned: bool = attrs.field(default=False, validator=valid.flag)
 
 
 @attrs.frozen
 class ExportCommitted(Event):
     """The checkpoint of ``version`` was renamed into place at ``path``."""
 
-    version: int = attrs.field(validator=_check_version)
-    path: str = attrs.field(converter=_plain_str, validator=_check_name)
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    version: int = attrs.field(validator=valid.version)
+    path: str = attrs.field(converter=valid.plain_str, validator=valid.name)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
 
 @attrs.frozen
 class ExportFailed(Event):
-    version: int = attrs.field(validator=_check_version)
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
-    error: str = attrs.field(default="", converter=_plain_str, validator=_check_text)
+    version: int = attrs.field(validator=valid.version)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+    error: str = attrs.field(default="", converter=valid.plain_str, validator=valid.text)
 
 
 @attrs.frozen
 class ExportCancelled(Event):
     """The exporter confirmed that it stopped writing ``version`` and removed its files."""
 
-    version: int = attrs.field(validator=_check_version)
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    version: int = attrs.field(validator=valid.version)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
 
 @attrs.frozen
 class CheckpointPinned(Event):
     """The user keeps checkpoint ``version`` (e.g. it is a regular HF save): never delete it."""
 
-    version: int = attrs.field(validator=_check_version)
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    version: int = attrs.field(validator=valid.version)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
 
 @attrs.frozen
 class CheckpointDeleted(Event):
     """The adapter removed checkpoint ``version`` from disk."""
 
-    version: int = attrs.field(validator=_check_version)
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    version: int = attrs.field(validator=valid.version)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
 
 @attrs.frozen
 class Shutdown(Event):
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
 
 @attrs.frozen
@@ -218,7 +165,7 @@ class Tick(Event):
     """Time passes: deadlines (waiting for an export, a load, a relaunch) fire on it. The
     runtime sends it on an interval well under the shortest deadline (e.g. every second)."""
 
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
 
 # -- from the health manager and the runtime, about one incarnation of a group --------------
@@ -228,23 +175,23 @@ class Tick(Event):
 class GroupRegistered(Event):
     """Group ``group`` is up (incarnation 1) and holds weight ``version``."""
 
-    group: str = attrs.field(converter=_plain_str, validator=_check_name)
-    version: int = attrs.field(validator=_check_version)
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    group: str = attrs.field(converter=valid.plain_str, validator=valid.name)
+    version: int = attrs.field(validator=valid.version)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
 
 @attrs.frozen
 class ProbeFailed(Event):
-    group: str = attrs.field(converter=_plain_str, validator=_check_name)
-    incarnation: int = attrs.field(validator=_check_incarnation)
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    group: str = attrs.field(converter=valid.plain_str, validator=valid.name)
+    incarnation: int = attrs.field(validator=valid.incarnation)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
 
 @attrs.frozen
 class ProbeOk(Event):
-    group: str = attrs.field(converter=_plain_str, validator=_check_name)
-    incarnation: int = attrs.field(validator=_check_incarnation)
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    group: str = attrs.field(converter=valid.plain_str, validator=valid.name)
+    incarnation: int = attrs.field(validator=valid.incarnation)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
 
 @attrs.frozen
@@ -252,44 +199,44 @@ class GroupFailed(Event):
     """That process is dead (actor died, the health manager gave up on it, or it was killed
     after a deadline)."""
 
-    group: str = attrs.field(converter=_plain_str, validator=_check_name)
-    incarnation: int = attrs.field(validator=_check_incarnation)
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
-    reason: str = attrs.field(default="", converter=_plain_str, validator=_check_text)
+    group: str = attrs.field(converter=valid.plain_str, validator=valid.name)
+    incarnation: int = attrs.field(validator=valid.incarnation)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+    reason: str = attrs.field(default="", converter=valid.plain_str, validator=valid.text)
 
 
 @attrs.frozen
 class RestartLoaded(Event):
     """The process started by RestartFromCheckpoint finished loading its checkpoint."""
 
-    group: str = attrs.field(converter=_plain_str, validator=_check_name)
-    incarnation: int = attrs.field(validator=_check_incarnation)
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    group: str = attrs.field(converter=valid.plain_str, validator=valid.name)
+    incarnation: int = attrs.field(validator=valid.incarnation)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
 
 @attrs.frozen
 class RestartLoadFailed(Event):
-    group: str = attrs.field(converter=_plain_str, validator=_check_name)
-    incarnation: int = attrs.field(validator=_check_incarnation)
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
-    error: str = attrs.field(default="", converter=_plain_str, validator=_check_text)
+    group: str = attrs.field(converter=valid.plain_str, validator=valid.name)
+    incarnation: int = attrs.field(validator=valid.incarnation)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+    error: str = attrs.field(default="", converter=valid.plain_str, validator=valid.text)
 
 
 @attrs.frozen
 class Relaunched(Event):
     """A cold restart finished: that process is up with no current weights."""
 
-    group: str = attrs.field(converter=_plain_str, validator=_check_name)
-    incarnation: int = attrs.field(validator=_check_incarnation)
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
+    group: str = attrs.field(converter=valid.plain_str, validator=valid.name)
+    incarnation: int = attrs.field(validator=valid.incarnation)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
 
 @attrs.frozen
 class RelaunchFailed(Event):
-    group: str = attrs.field(converter=_plain_str, validator=_check_name)
-    incarnation: int = attrs.field(validator=_check_incarnation)
-    at: float = attrs.field(converter=_plain_seconds, validator=_check_time, kw_only=True)
-    error: str = attrs.field(default="", converter=_plain_str, validator=_check_text)
+    group: str = attrs.field(converter=valid.plain_str, validator=valid.name)
+    incarnation: int = attrs.field(validator=valid.incarnation)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+    error: str = attrs.field(default="", converter=valid.plain_str, validator=valid.text)
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

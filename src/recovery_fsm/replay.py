@@ -15,10 +15,11 @@ from typing import Any
 import attrs
 
 from .codec import decode_event, encode
+from .config import RecoveryConfig
 from .controller import JournalSink, RecoveryController
 from .errors import ControllerBroken, MalformedEvent, RecoveryError
 from .journal import read_journal
-from .rules import RecoveryConfig, Rules
+from .rules import Rules
 from .search.mutants import MUTANTS
 from .search.world import World
 

@@ -70,17 +70,15 @@ raise a typed ``RecoveryError``); only then do machines move. The hosting code
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 
-import attrs
 from statemachine import StateMachine
 
 from . import effects as fx
 from . import events as ev
+from .config import RecoveryConfig
 from .errors import (
     EventNotAllowed,
-    MalformedEvent,
     UnknownGroup,
     UnknownVersion,
     WrongIncarnation,
@@ -102,7 +100,6 @@ from .machines import (
     GroupEvent,
     GroupRecord,
     GroupState,
-    ImmediateRecoveryMachine,
     Label,
     RecoveryRecord,
     SwitchEvent,
@@ -111,124 +108,10 @@ from .machines import (
     sources,
     sync_verdict,
 )
-
-
-def _positive_int(_inst: object, attr: attrs.Attribute[int], value: object) -> None:
-    if type(value) is not int or value < 1:
-        raise MalformedEvent(f"{attr.name} must be an int >= 1, got {value!r}")
-
-
-def _seconds(_inst: object, attr: attrs.Attribute[float], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise MalformedEvent(f"{attr.name} must be a number of seconds >= 0, got {value!r}")
-
-
-def _flag(_inst: object, attr: attrs.Attribute[bool], value: object) -> None:
-    if not isinstance(value, bool):
-        raise MalformedEvent(f"{attr.name} must be True or False, got {value!r}")
-
-
-@attrs.frozen
-class RecoveryConfig:
-    """Knobs. Defaults follow what xtuner and NeMo-RL ship (3 probes, 5 restarts). The
-    deadlines assume a ``Tick`` about every second (see ``Tick``)."""
-
-    immediate_recovery: bool = attrs.field(default=True, validator=_flag)
-    clean_syncs_to_reenable: int = attrs.field(default=3, validator=_positive_int)
-    suspect_threshold: int = attrs.field(default=3, validator=_positive_int)
-    restart_budget: int = attrs.field(default=5, validator=_positive_int)
-    # A failed group waits this long for the current version's export before going cold.
-    await_checkpoint_timeout_s: float = attrs.field(default=300.0, validator=_seconds)
-    # A start from a checkpoint, or a cold start, past this long is killed and has failed.
-    load_timeout_s: float = attrs.field(default=600.0, validator=_seconds)
-    relaunch_timeout_s: float = attrs.field(default=600.0, validator=_seconds)
-    # The trainer exports after every sync: a group failing between the sync and the
-    # export's start waits for it instead of going cold.
-    export_every_sync: bool = attrs.field(default=True, validator=_flag)
-
+from .state import CheckpointSlot, GroupSlot, Lease, Start
 
 # Final checkpoint states remembered (for clear refusals and queries about recent versions).
 FINISHED_KEPT = 16
-
-
-@attrs.frozen
-class Lease:
-    """Incarnation ``incarnation`` of ``group`` reads checkpoint ``version``."""
-
-    group: str
-    incarnation: int
-    version: int
-    # The fleet version when the lease was granted; equals ``version`` by rule.
-    granted_at_version: int
-
-    @property
-    def id(self) -> str:
-        return f"{self.group}#{self.incarnation}"
-
-
-@attrs.frozen
-class Start:
-    """A start of a group's process whose outcome has not been reported yet."""
-
-    kind: str  # "load" | "relaunch"
-    lease: Lease | None  # a load's lease on its checkpoint
-
-
-class _Checkpoint:
-    """A checkpoint's record and its machine. The machine is built from the record when
-    first needed, so a copy (``fork``) copies plain records only."""
-
-    __slots__ = ("_machine", "record")
-
-    def __init__(self, record: CheckpointRecord, *, build: bool = False) -> None:
-        self.record = record
-        self._machine: CheckpointMachine | None = None
-        if build:
-            self._machine = self.machine
-
-    @property
-    def machine(self) -> CheckpointMachine:
-        if self._machine is None:
-            self._machine = CheckpointMachine(model=self.record, start_value=self.record.state)
-        return self._machine
-
-    def __deepcopy__(self, memo: dict[int, object]) -> _Checkpoint:
-        return _Checkpoint(copy.deepcopy(self.record, memo))
-
-
-class _Group:
-    """A group's records and machines, built lazily like ``_Checkpoint``'s."""
-
-    __slots__ = ("_machine", "_recovery_machine", "record", "recovery")
-
-    def __init__(self, record: GroupRecord, recovery: RecoveryRecord, *, build: bool = False):
-        self.record = record
-        self.recovery = recovery
-        self._machine: WorkerGroupMachine | None = None
-        self._recovery_machine: ImmediateRecoveryMachine | None = None
-        if build:  # pay for the machines here rather than inside a fleet-wide sync
-            self._machine, self._recovery_machine = self.machine, self.recovery_machine
-
-    @property
-    def machine(self) -> WorkerGroupMachine:
-        if self._machine is None:
-            self._machine = WorkerGroupMachine(model=self.record, start_value=self.record.state)
-        return self._machine
-
-    @property
-    def recovery_machine(self) -> ImmediateRecoveryMachine:
-        if self._recovery_machine is None:
-            self._recovery_machine = ImmediateRecoveryMachine(
-                model=self.recovery, start_value=self.recovery.state
-            )
-        return self._recovery_machine
-
-    @property
-    def built(self) -> StateMachine | None:
-        return self._machine
-
-    def __deepcopy__(self, memo: dict[int, object]) -> _Group:
-        return _Group(copy.deepcopy(self.record, memo), copy.deepcopy(self.recovery, memo))
 
 
 # Which group states accept an event, read off the worker-group graph.
@@ -247,9 +130,9 @@ class Rules:
         self.fleet = Fleet(initial_version)
         self.initial_version = initial_version
         self.closed = False
-        self.checkpoints: dict[int, _Checkpoint] = {}
+        self.checkpoints: dict[int, CheckpointSlot] = {}
         self.finished: dict[int, str] = {}  # versions whose checkpoint reached a final state
-        self.groups: dict[str, _Group] = {}
+        self.groups: dict[str, GroupSlot] = {}
         self.starts: dict[tuple[str, int], Start] = {}  # (group, incarnation) -> start
         # Filled while one event runs.
         self.effects: list[fx.Effect] = []
@@ -325,7 +208,7 @@ class Rules:
             return None
         return sync_verdict(state in COMMITTED or state == CheckpointState.DELETED)
 
-    def _count_sync(self, g: _Group, missed: bool) -> None:
+    def _count_sync(self, g: GroupSlot, missed: bool) -> None:
         """A missed export cools immediate recovery down; N clean syncs in a row end it."""
         rec = g.recovery
         if missed:
@@ -350,7 +233,7 @@ class Rules:
 
         self.applying = True
         record = CheckpointRecord(e.version, pinned=e.pinned, state=CheckpointState.EXPORTING)
-        self.checkpoints[e.version] = _Checkpoint(record, build=True)
+        self.checkpoints[e.version] = CheckpointSlot(record, build=True)
         self.transitions.append(
             (Label.of(Label.CHECKPOINT, e.version), Label.CREATE, "", CheckpointState.EXPORTING)
         )
@@ -384,7 +267,7 @@ class Rules:
             self._require_checkpoint(e, e.version, CheckpointEvent.CANCEL), CheckpointEvent.CANCEL
         )
 
-    def _end_export(self, ck: _Checkpoint, event: str) -> None:
+    def _end_export(self, ck: CheckpointSlot, event: str) -> None:
         was_current = ck.record.state == CheckpointState.EXPORTING
         self._fire_ck(ck, event)
         self._forget(ck)
@@ -452,7 +335,7 @@ class Rules:
             self.config.clean_syncs_to_reenable,
             state=SwitchState.ENABLED if self.config.immediate_recovery else SwitchState.DISABLED,
         )
-        self.groups[e.group] = _Group(record, recovery, build=True)
+        self.groups[e.group] = GroupSlot(record, recovery, build=True)
         self.transitions.append((Label.of(Label.GROUP, e.group), Label.CREATE, "", start))
         if start == GroupState.ACTIVE:
             self._emit(fx.RouteTraffic(e.group, record.incarnation, e.version))
@@ -526,7 +409,7 @@ class Rules:
 
     # -- recovery rules ----------------------------------------------------------------------
 
-    def _fail(self, g: _Group, kill: str | None = None) -> None:
+    def _fail(self, g: GroupSlot, kill: str | None = None) -> None:
         """The group is down (``kill``: the controller decided so, and its process must be
         stopped first): choose retire, immediate restart, wait, or cold restart."""
         r = g.record
@@ -569,7 +452,7 @@ class Rules:
                 if not ck.record.pinned:
                     self._emit(fx.CancelExport(ck.record.version))
 
-    def _restart_from(self, g: _Group, ck: _Checkpoint) -> None:
+    def _restart_from(self, g: GroupSlot, ck: CheckpointSlot) -> None:
         """Lease the current committed checkpoint and start a new incarnation from it."""
         assert ck.record.state == CheckpointState.READY and ck.record.version == self.fleet.version
         assert ck.record.path is not None
@@ -580,7 +463,7 @@ class Rules:
         self._fire_group(g, GroupEvent.LOAD)
         self._emit(fx.RestartFromCheckpoint(r.name, r.incarnation, lease.version, ck.record.path))
 
-    def _catch_up(self, g: _Group) -> None:
+    def _catch_up(self, g: GroupSlot) -> None:
         """A process up with older weights (or none) loads C(v) in place, without a restart,
         once C(v) is ready and its switch allows loading from checkpoints; leased as a
         restart's load is, and under a new incarnation, so that an earlier report about
@@ -606,19 +489,19 @@ class Rules:
             fx.LoadCheckpoint(r.name, r.incarnation, lease.version, ck.record.path, previous)
         )
 
-    def _relaunch(self, g: _Group) -> None:
+    def _relaunch(self, g: GroupSlot) -> None:
         r = self._next_incarnation(g)
         self.starts[(r.name, r.incarnation)] = Start("relaunch", None)
         self._fire_group(g, GroupEvent.RELAUNCH)
         self._emit(fx.RestartCold(r.name, r.incarnation))
 
-    def _next_incarnation(self, g: _Group) -> GroupRecord:
+    def _next_incarnation(self, g: GroupSlot) -> GroupRecord:
         r = g.record
         r.incarnation += 1
         r.since = self.now
         return r
 
-    def _end_start(self, g: _Group, incarnation: int | None = None) -> Lease | None:
+    def _end_start(self, g: GroupSlot, incarnation: int | None = None) -> Lease | None:
         """The outcome of a start arrived (or its process died): forget it, free its lease."""
         key = (g.record.name, g.record.incarnation if incarnation is None else incarnation)
         start = self.starts.pop(key, None)
@@ -629,21 +512,21 @@ class Rules:
         self._reap(ck)
         return start.lease
 
-    def _cool(self, g: _Group) -> None:
+    def _cool(self, g: GroupSlot) -> None:
         g.recovery.clean_streak = 0
         if g.recovery.state == SwitchState.ENABLED:
             self._fire(
                 g.recovery_machine, Label.of(Label.RECOVERY, g.record.name), SwitchEvent.COOL
             )
 
-    def _reap(self, ck: _Checkpoint) -> None:
+    def _reap(self, ck: CheckpointSlot) -> None:
         """Move a superseded checkpoint to deletion if its guard lets it."""
         if ck.record.state == CheckpointState.SUPERSEDED and ck.record.reapable:
             self._fire_ck(ck, CheckpointEvent.REAP)
             assert ck.record.path is not None
             self._emit(fx.DeleteCheckpoint(ck.record.version, ck.record.path))
 
-    def _forget(self, ck: _Checkpoint) -> None:
+    def _forget(self, ck: CheckpointSlot) -> None:
         """Keep only the final state; of those, only the latest ``FINISHED_KEPT`` (the rules
         read the current and the previous version's: an older one is refused as unknown)."""
         del self.checkpoints[ck.record.version]
@@ -651,7 +534,7 @@ class Rules:
         while len(self.finished) > FINISHED_KEPT:
             del self.finished[min(self.finished)]
 
-    def _awaiting(self) -> Iterator[_Group]:
+    def _awaiting(self) -> Iterator[GroupSlot]:
         return (
             g
             for g in list(self.groups.values())
@@ -684,7 +567,7 @@ class Rules:
         if self.closed:
             raise EventNotAllowed(f"{e.kind} after Shutdown: the controller is closed")
 
-    def _require_group(self, name: str) -> _Group:
+    def _require_group(self, name: str) -> GroupSlot:
         g = self.groups.get(name)
         if g is None:
             raise UnknownGroup(f"unknown group {name!r}; registered: {sorted(self.groups)}")
@@ -700,7 +583,7 @@ class Rules:
         | ev.Relaunched
         | ev.RelaunchFailed,
         states: frozenset[str],
-    ) -> _Group | None:
+    ) -> GroupSlot | None:
         """The group, when ``e`` is about its current incarnation in one of ``states``
         (this is the check every process event passes before it changes anything).
 
@@ -733,14 +616,14 @@ class Rules:
         )
 
     @staticmethod
-    def _orphaned(g: _Group, incarnation: int, start: Start) -> bool:
+    def _orphaned(g: GroupSlot, incarnation: int, start: Start) -> bool:
         """A start the group no longer waits on: killed at a deadline, or stopped."""
         waiting = LOADING if start.kind == "load" else RELAUNCHING
         return incarnation != g.record.incarnation or g.record.state not in waiting
 
     def _require_checkpoint(
         self, e: ev.Event, version: int, event: str = "", states: frozenset[str] | None = None
-    ) -> _Checkpoint:
+    ) -> CheckpointSlot:
         """The checkpoint of ``version``, if it accepts machine ``event`` (or is in
         ``states``). Export outcomes, pins and deletions are accepted after shutdown."""
         allowed = states if states is not None else sources(CheckpointMachine, event)
@@ -767,13 +650,13 @@ class Rules:
         machine.send(event)
         self.transitions.append((label, event, source, model.state))
 
-    def _fire_switch(self, g: _Group, event: str) -> None:
+    def _fire_switch(self, g: GroupSlot, event: str) -> None:
         self._fire(g.recovery_machine, Label.of(Label.RECOVERY, g.record.name), event)
 
-    def _fire_ck(self, ck: _Checkpoint, event: str) -> None:
+    def _fire_ck(self, ck: CheckpointSlot, event: str) -> None:
         self._fire(ck.machine, Label.of(Label.CHECKPOINT, ck.record.version), event)
 
-    def _fire_group(self, g: _Group, event: str) -> None:
+    def _fire_group(self, g: GroupSlot, event: str) -> None:
         """Move a group; when that changes whether it may serve, tell the router."""
         r = g.record
         was_serving = r.state in SERVING

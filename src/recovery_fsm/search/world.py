@@ -17,9 +17,9 @@ import attrs
 
 from .. import effects as fx
 from .. import events as ev
+from ..config import RecoveryConfig
 from ..controller import RecoveryController
 from ..machines import SERVING
-from ..rules import RecoveryConfig
 
 
 @attrs.define

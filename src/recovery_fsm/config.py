@@ -1,0 +1,26 @@
+"""The knobs of recovery, validated when built (a bad one raises ``MalformedEvent``)."""
+
+from __future__ import annotations
+
+import attrs
+
+from . import validators as valid
+
+
+@attrs.frozen
+class RecoveryConfig:
+    """Knobs. Defaults follow what xtuner and NeMo-RL ship (3 probes, 5 restarts). The
+    deadlines assume a ``Tick`` about every second (see ``Tick``)."""
+
+    immediate_recovery: bool = attrs.field(default=True, validator=valid.flag)
+    clean_syncs_to_reenable: int = attrs.field(default=3, validator=valid.positive_int)
+    suspect_threshold: int = attrs.field(default=3, validator=valid.positive_int)
+    restart_budget: int = attrs.field(default=5, validator=valid.positive_int)
+    # A failed group waits this long for the current version's export before going cold.
+    await_checkpoint_timeout_s: float = attrs.field(default=300.0, validator=valid.seconds)
+    # A start from a checkpoint, or a cold start, past this long is killed and has failed.
+    load_timeout_s: float = attrs.field(default=600.0, validator=valid.seconds)
+    relaunch_timeout_s: float = attrs.field(default=600.0, validator=valid.seconds)
+    # The trainer exports after every sync: a group failing between the sync and the
+    # export's start waits for it instead of going cold.
+    export_every_sync: bool = attrs.field(default=True, validator=valid.flag)

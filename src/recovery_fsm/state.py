@@ -1,0 +1,98 @@
+"""What the rules hold: leases, starts in flight, and each checkpoint's and group's records
+with their machines (built lazily from the records, so a copy copies plain data)."""
+
+from __future__ import annotations
+
+import copy
+
+import attrs
+from statemachine import StateMachine
+
+from .machines import (
+    CheckpointMachine,
+    CheckpointRecord,
+    GroupRecord,
+    ImmediateRecoveryMachine,
+    RecoveryRecord,
+    WorkerGroupMachine,
+)
+
+
+@attrs.frozen
+class Lease:
+    """Incarnation ``incarnation`` of ``group`` reads checkpoint ``version``."""
+
+    group: str
+    incarnation: int
+    version: int
+    # The fleet version when the lease was granted; equals ``version`` by rule.
+    granted_at_version: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.group}#{self.incarnation}"
+
+
+@attrs.frozen
+class Start:
+    """A start of a group's process whose outcome has not been reported yet."""
+
+    kind: str  # "load" | "relaunch"
+    lease: Lease | None  # a load's lease on its checkpoint
+
+
+class CheckpointSlot:
+    """A checkpoint's record and its machine. The machine is built from the record when
+    first needed, so a copy (``fork``) copies plain records only."""
+
+    __slots__ = ("_machine", "record")
+
+    def __init__(self, record: CheckpointRecord, *, build: bool = False) -> None:
+        self.record = record
+        self._machine: CheckpointMachine | None = None
+        if build:
+            self._machine = self.machine
+
+    @property
+    def machine(self) -> CheckpointMachine:
+        if self._machine is None:
+            self._machine = CheckpointMachine(model=self.record, start_value=self.record.state)
+        return self._machine
+
+    def __deepcopy__(self, memo: dict[int, object]) -> CheckpointSlot:
+        return CheckpointSlot(copy.deepcopy(self.record, memo))
+
+
+class GroupSlot:
+    """A group's records and machines, built lazily like ``CheckpointSlot``'s."""
+
+    __slots__ = ("_machine", "_recovery_machine", "record", "recovery")
+
+    def __init__(self, record: GroupRecord, recovery: RecoveryRecord, *, build: bool = False):
+        self.record = record
+        self.recovery = recovery
+        self._machine: WorkerGroupMachine | None = None
+        self._recovery_machine: ImmediateRecoveryMachine | None = None
+        if build:  # pay for the machines here rather than inside a fleet-wide sync
+            self._machine, self._recovery_machine = self.machine, self.recovery_machine
+
+    @property
+    def machine(self) -> WorkerGroupMachine:
+        if self._machine is None:
+            self._machine = WorkerGroupMachine(model=self.record, start_value=self.record.state)
+        return self._machine
+
+    @property
+    def recovery_machine(self) -> ImmediateRecoveryMachine:
+        if self._recovery_machine is None:
+            self._recovery_machine = ImmediateRecoveryMachine(
+                model=self.recovery, start_value=self.recovery.state
+            )
+        return self._recovery_machine
+
+    @property
+    def built(self) -> StateMachine | None:
+        return self._machine
+
+    def __deepcopy__(self, memo: dict[int, object]) -> GroupSlot:
+        return GroupSlot(copy.deepcopy(self.record, memo), copy.deepcopy(self.recovery, memo))
