@@ -223,6 +223,11 @@ def test_a_checkpoint_in_use_outlives_its_sync_and_stale_weights_never_serve(
         step(model)
         assert rt.sync(model, 3).get("g0") == rt.controller.incarnation("g0")
         assert rt.generate("g0", [3]).version == 3
+        # After a restart, a load in place and a second restart: one watch per actor of the
+        # current processes, one table entry per group.
+        wait_for(lambda: rt.bookkeeping()["monitor.armed"] == 2, what="watches of 2 actors")
+        sizes = rt.bookkeeping()
+        assert sizes["actors.current"] == 2 and sizes["monitor.watches"] <= 2, sizes
     assert_replays_clean(tmp_path)
 
 
@@ -610,6 +615,22 @@ def test_misuse_is_refused_with_what_to_do_and_changes_nothing(tmp_path: Path) -
     assert_replays_clean(tmp_path)
 
 
+def dead(rt: RecoveryRuntime, group: str) -> None:
+    """Kill the group's process and wait until Ray says it is gone (``ray.kill`` returns
+    before the process has died)."""
+    [actor] = rt.actors(group)
+    rt.kill(group)
+
+    def gone() -> bool:
+        try:
+            ray.get(actor.ping.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return True
+        return False
+
+    wait_for(gone, what=f"{group}'s process is gone")
+
+
 def test_requests_go_only_to_serving_groups_and_move_on_when_one_dies(tmp_path: Path) -> None:
     from recovery_fsm.ray import NoServingGroup, NotServing
 
@@ -618,12 +639,12 @@ def test_requests_go_only_to_serving_groups_and_move_on_when_one_dies(tmp_path: 
         serving_v1(rt, model)
         assert {rt.rollout([1, 2]).group for _ in range(4)} == {"g0", "g1"}  # round robin
         rt.monitor.stop()  # the death goes unnoticed: g0 stays routed
-        rt.kill("g0")
+        dead(rt, "g0")
         answers = [rt.rollout([1, 2]) for _ in range(4)]
         assert {a.group for a in answers} == {"g1"}  # each request on g0 moved on to g1
         with pytest.raises(NotServing, match="did not answer"):
             rt.generate("g0", [1])
-        rt.kill("g1")
+        dead(rt, "g1")
         with pytest.raises(NoServingGroup):
             rt.rollout([1])
 
@@ -694,4 +715,33 @@ def test_the_remote_link_keeps_an_effect_whose_execution_raised_for_a_retry() ->
         assert ran[-1] == "RestartCold" and link.errors == ()
     finally:
         link.close(10)
+        ray.kill(actor)
+
+
+def test_a_hosted_controller_that_breaks_stops_the_runtime_too(tmp_path: Path) -> None:
+    """ControllerBroken crosses Ray from the controller actor as itself, so fail-stop works
+    when the controller lives in its own actor."""
+    from recovery_fsm import ControllerStopped
+    from recovery_fsm.ray import RecoveryControllerActor
+
+    journal = tmp_path / "journal.jsonl"
+    name = f"recovery-controller-{os.getpid()}-broken"
+    actor = RecoveryControllerActor.launch(name, journal=str(journal), rules=BrokenOnSecondDeath)
+    model = trainer()
+    try:
+        rt = runtime(tmp_path, controller_actor=actor, journal=None)
+        try:
+            serving_v1(rt, model)
+            rt.kill("g0")
+            wait_for(lambda: rt.controller.incarnation("g0") == 2, what="g0's restart")
+            rt.kill("g1")  # its report breaks the hosted controller
+            wait_for(lambda: rt.failstop.error is not None, what="fail-stop")
+            wait_for(lambda: not rt.monitor.running, what="the monitor stops")
+            step(model)
+            with pytest.raises(ControllerStopped, match=str(journal)):
+                rt.sync(model, 2)
+            assert rt.statistics().lost_reports == 0  # a broken answer is not a lost report
+        finally:
+            assert rt.close() is False
+    finally:
         ray.kill(actor)

@@ -1,4 +1,5 @@
-"""The runtime's one send policy, on a real controller behind a transport that fails.
+"""The runtime's parts without a cluster: the one send policy, on a real controller behind a
+transport that fails, and the runner's retry of routing effects.
 
 ``Flaky`` stands between the reporter and a real ``ControllerLink`` the way the network
 stands between the runtime and a controller actor: it can lose an answer after the event
@@ -102,3 +103,39 @@ def test_the_first_broken_answer_trips_fail_stop_for_every_later_call() -> None:
     assert flaky.attempts == attempts  # nothing more was sent
     failstop.trip(RuntimeError("again"))
     assert tripped == ["runner halted"]  # listeners run once
+
+
+def test_a_retried_routing_effect_that_a_newer_one_replaced_is_dropped(tmp_path: Any) -> None:
+    """The user's router raised on RouteTraffic; the group was withdrawn since; a retry must
+    not route to it again (its weights may be stale by then)."""
+    from recovery_fsm import effects as fx
+    from recovery_fsm.export import CheckpointStore
+    from recovery_fsm.ray.actors import ActorTable, Launcher
+    from recovery_fsm.ray.engine import ReferenceEngine
+    from recovery_fsm.ray.router import TrafficRouter
+    from recovery_fsm.ray.runner import EffectRunner
+
+    seen: list[str] = []
+
+    def user_router(effect: Any) -> None:
+        seen.append(effect.kind)
+        if len(seen) == 1:
+            raise RuntimeError("the load balancer was down")
+
+    table = ActorTable()
+    router = TrafficRouter(table, call_timeout_s=1.0, user=user_router)
+    _, counters, _, reporter = _setup()
+    launcher = Launcher(table, ReferenceEngine, {}, actors_per_group=1, actor_options={},
+                        call_timeout_s=1.0)  # fmt: skip
+    runner = EffectRunner(launcher=launcher, reporter=reporter, counters=counters,
+                          router=router, store=CheckpointStore(tmp_path), cancel_export=print,
+                          max_parallel=1)  # fmt: skip
+    runner.execute(fx.RouteTraffic("g0", 3, 5))
+    assert [f.effect.kind for f in runner.errors] == ["RouteTraffic"]
+    runner.execute(fx.WithdrawTraffic("g0", 3))
+    assert runner.retry_failed() == 1
+    assert router.routes == {"g0": None} and seen == ["RouteTraffic", "WithdrawTraffic"]
+    # With nothing newer, the retry does run.
+    runner.execute(fx.RouteTraffic("g0", 4, 5))
+    assert runner.errors == () and router.routes == {"g0": (4, 5)}
+    runner.close(1.0)

@@ -3,6 +3,9 @@ is the one error that says it is not."""
 
 from __future__ import annotations
 
+import pickle
+from typing import Any
+
 
 class RecoveryError(Exception):
     """Base class of everything recovery_fsm raises on purpose."""
@@ -43,6 +46,11 @@ class ControllerBroken(RecoveryError):
         super().__init__(message)
         self.first = first
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles (across Ray, from a hosted controller) with its cause, or the cause's repr
+        where the cause itself does not pickle."""
+        return (type(self), (str(self), _portable(self.first)))
+
 
 class ControllerStopped(RecoveryError):
     """The runtime stopped because its controller broke (fail-stop): no effect runs any
@@ -62,6 +70,9 @@ class ControllerStopped(RecoveryError):
         )
         self.first = first
         self.journal = journal
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_stopped, (str(self), _portable(self.first), self.journal))
 
 
 class InvariantViolation(RecoveryError, AssertionError):
@@ -90,3 +101,19 @@ class BadExportInput(RecoveryError, ValueError):
 
 class ExporterClosed(BadExportInput):
     """export() after the exporter was closed; nothing was started."""
+
+
+def _portable(err: BaseException) -> BaseException:
+    """``err`` if it pickles, else a ``RuntimeError`` carrying its type and message."""
+    try:
+        pickle.dumps(err)
+    except Exception:
+        return RuntimeError(f"{type(err).__name__}: {err}")
+    return err
+
+
+def _stopped(message: str, first: BaseException, journal: str | None) -> ControllerStopped:
+    """Rebuild a ``ControllerStopped`` with its message as it was sent."""
+    err = ControllerStopped(first, journal)
+    err.args = (message,)
+    return err

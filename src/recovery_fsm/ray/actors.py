@@ -22,6 +22,8 @@ from .engine import WeightsHeld
 
 log = logging.getLogger(__name__)
 
+_FOREVER = 2**62  # the stop floor of a retired group: above every incarnation
+
 
 @attrs.frozen
 class Process:
@@ -58,6 +60,14 @@ class ActorTable:
             p = self._current.get(group)
             return list(p.actors) if p is not None and p.incarnation == incarnation else []
 
+    def owner(self, actor: Any) -> tuple[str, int] | None:
+        """(group, incarnation) of the current process ``actor`` belongs to, if any."""
+        with self._lock:
+            for group, p in self._current.items():
+                if actor in p.actors:
+                    return group, p.incarnation
+            return None
+
     def started_at(self, group: str, incarnation: int) -> float | None:
         with self._lock:
             p = self._current.get(group)
@@ -89,10 +99,13 @@ class ActorTable:
 
     def take(self, group: str, incarnation: int | None = None) -> list[Any]:
         """Remove (to kill) the group's current actors, or only those of ``incarnation``,
-        which stays stopped even if its actors do not exist yet."""
+        which stays stopped even if its actors do not exist yet. Without ``incarnation`` the
+        group is gone for good (retired): no later boot of it is kept."""
         with self._lock:
             p = self._current.get(group)
-            if incarnation is not None:
+            if incarnation is None:
+                self._stopped[group] = _FOREVER
+            else:
                 self._stopped[group] = max(self._stopped.get(group, 0), incarnation)
                 if p is None or p.incarnation != incarnation:
                     return []

@@ -24,7 +24,7 @@ from typing import Any
 
 import ray
 
-from .. import CheckpointView, GroupView, RecoveryConfig, RecoveryController
+from .. import CheckpointView, GroupView, RecoveryConfig, RecoveryController, RecoveryError, Rules
 from .. import effects as fx
 from .. import events as ev
 from ..host import EffectError, FailedEffects
@@ -36,11 +36,17 @@ log = logging.getLogger(__name__)
 class RecoveryControllerActor:
     """A controller in its own Ray actor (use ``RecoveryControllerActor.launch``)."""
 
-    def __init__(self, config: RecoveryConfig, initial_version: int, journal: str | None) -> None:
+    def __init__(
+        self,
+        config: RecoveryConfig,
+        initial_version: int,
+        journal: str | None,
+        rules: type[Rules] = Rules,
+    ) -> None:
         self._journal_path = journal
         self._journal = JsonlJournal(journal) if journal else None
         self._controller = RecoveryController(
-            config, initial_version=initial_version, journal=self._journal
+            config, initial_version=initial_version, journal=self._journal, rules=rules
         )
         # Stamp, handle and queue in one critical section: the outbox's order is the
         # controller's order.
@@ -58,11 +64,12 @@ class RecoveryControllerActor:
         initial_version: int = 0,
         journal: str | None = None,
         namespace: str | None = None,
+        rules: type[Rules] = Rules,
     ) -> Any:
         """Start the named actor (threaded: reporters and the runtime call it at once)."""
         cls: Any = ray.remote(RecoveryControllerActor)
         return cls.options(name=name, namespace=namespace, max_concurrency=8, num_cpus=0).remote(
-            config or RecoveryConfig(), initial_version, journal
+            config or RecoveryConfig(), initial_version, journal, rules
         )
 
     def send(self, cls: type[ev.Event], **fields: Any) -> tuple[fx.Effect, ...]:
@@ -194,9 +201,10 @@ class RemoteLink:
         try:
             effects = tuple(ray.get(self.actor.send.remote(cls, **fields), timeout=self._timeout))
         except ray.exceptions.RayTaskError as err:
-            # The controller's typed refusal, raised here as itself.
-            cause = err.as_instanceof_cause()  # type: ignore[no-untyped-call]
-            raise cause from None
+            # The controller's typed refusal (or ControllerBroken), raised here as itself.
+            if isinstance(err.cause, RecoveryError):
+                raise err.cause from None
+            raise
         if self._stop.is_set():
             self._take_and_run(0.0)
         return effects
@@ -258,7 +266,14 @@ class RemoteLink:
             time.sleep(0.05)
 
     def close(self, timeout: float | None = None) -> bool:
-        done = self.join(timeout)
-        self._stop.set()
+        """Run what the outbox holds (False if not in ``timeout``, or if the actor did not
+        answer), then stop the reader thread in any case."""
+        try:
+            done = self.join(timeout)
+        except Exception:
+            log.exception("the controller actor did not answer while closing")
+            done = False
+        finally:
+            self._stop.set()
         self._thread.join(timeout)
         return done and not self._thread.is_alive()

@@ -5,9 +5,11 @@ process dies (reported within a tick), and every ``probe_interval_s`` the servin
 pinged concurrently under one ``probe_timeout_s`` (a hang). A new process gets ``grace_s``
 before its first probe. Every ``tick_s`` it sends ``Tick``. It decides nothing: it reports.
 
-Its bookkeeping is one watch per actor of each group's current process: a watch of a
-replaced process is dropped, and a watch survives a load in place (the same process, armed
-again under its new number).
+Its bookkeeping is one watch per actor of the groups' current processes, keyed by the actor:
+a load in place keeps it (the same process goes on under a new number, and the watch, when
+it fires, is reported for the number the process has then), and an actor that leaves the
+table (replaced, stopped) is dropped. An actor's watch is armed once: the engine's "watch"
+concurrency group runs one call at a time, so a second would queue behind the first.
 """
 
 from __future__ import annotations
@@ -49,9 +51,9 @@ class HealthMonitor:
         self.grace_s = grace_s
         self._stop = threading.Event()
         self._paused = threading.Event()
-        self._watches: dict[Any, tuple[str, int]] = {}  # ObjectRef -> (group, incarnation)
-        # (group, incarnation, actor index) armed once; only current processes are kept.
-        self._watched: set[tuple[str, int, int]] = set()
+        self._watches: dict[Any, Any] = {}  # ObjectRef -> the actor it watches
+        # Actor -> its outstanding watch, or None once that fired (never armed twice).
+        self._armed: dict[Any, Any] = {}
         self._thread = threading.Thread(target=self._loop, name="recovery-fsm-health", daemon=True)
 
     def start(self) -> None:
@@ -75,7 +77,7 @@ class HealthMonitor:
         return self._thread.is_alive()
 
     def sizes(self) -> Mapping[str, int]:
-        return {"watches": len(self._watches), "watched": len(self._watched)}
+        return {"watches": len(self._watches), "armed": len(self._armed)}
 
     def _loop(self) -> None:
         next_probe = time.monotonic() + self.probe_interval_s
@@ -97,29 +99,34 @@ class HealthMonitor:
 
     def _arm_watches(self, up: Mapping[str, int]) -> None:
         for g, inc in up.items():
-            for i, actor in enumerate(self._table.of(g, inc)):
-                if (g, inc, i) not in self._watched:
-                    self._watched.add((g, inc, i))
-                    self._watches[actor.watch.remote()] = (g, inc)
+            for actor in self._table.of(g, inc):
+                if actor not in self._armed:
+                    ref = actor.watch.remote()
+                    self._armed[actor] = ref
+                    self._watches[ref] = actor
 
     def _wait_for_death(self, timeout: float) -> None:
         if not self._watches:
             self._stop.wait(timeout)
-            return
-        ready, _ = ray.wait(list(self._watches), num_returns=1, timeout=timeout)
-        for ref in ready:
-            g, inc = self._watches.pop(ref)
-            now = self._controller.group(g)
-            # Up, or loading a checkpoint in place: the same process, still the group's.
-            if now.incarnation == inc and (now.up or now.loading):
-                self._reporter.report(ev.GroupFailed, group=g, incarnation=inc,
-                                      reason="actor died")  # fmt: skip
-        # Watches of replaced processes are dropped (their actors are gone or going).
-        current = {n: v.incarnation for n, v in self._controller.groups().items()}
-        for ref, (g, inc) in list(self._watches.items()):
-            if current.get(g) != inc:
+        else:
+            ready, _ = ray.wait(list(self._watches), num_returns=1, timeout=timeout)
+            for ref in ready:
+                actor = self._watches[ref]
+                owner = self._table.owner(actor)  # the process it belongs to now
+                if owner is not None:
+                    g, inc = owner
+                    now = self._controller.group(g)  # if this raises, the watch stays
+                    # Up, or loading a checkpoint in place: the same process, still the
+                    # group's, under the number it has now.
+                    if now.incarnation == inc and (now.up or now.loading):
+                        self._reporter.report(ev.GroupFailed, group=g, incarnation=inc,
+                                              reason="actor died")  # fmt: skip
                 del self._watches[ref]
-        self._watched = {w for w in self._watched if current.get(w[0]) == w[1]}
+                self._armed[actor] = None
+        # Actors that left the table (replaced, stopped) are dropped with their watches.
+        for actor in [a for a in self._armed if self._table.owner(a) is None]:
+            ref = self._armed.pop(actor)
+            self._watches.pop(ref, None)
 
     def _probe(self, up: Mapping[str, int]) -> None:
         now = time.monotonic()
@@ -140,7 +147,10 @@ class HealthMonitor:
         done = set(ready)
         for (g, inc), rs in pings.items():
             ok = all(r in done for r in rs) and all(_answered(r) for r in rs)
-            self._reporter.report(ev.ProbeOk if ok else ev.ProbeFailed, group=g, incarnation=inc)
+            # Once: a retry of a result that had landed would count as a second probe.
+            self._reporter.report_once(
+                ev.ProbeOk if ok else ev.ProbeFailed, group=g, incarnation=inc
+            )
 
 
 def _answered(ref: Any) -> bool:

@@ -102,11 +102,19 @@ class Reporter:
 
     def report(self, cls: type[ev.Event], **fields: Any) -> bool:
         """Report an outcome; True if the controller took it. Never raises."""
+        return self._report(cls, self._attempts, fields)
+
+    def report_once(self, cls: type[ev.Event], **fields: Any) -> bool:
+        """Report without a retry: for an event the controller would count twice if a
+        timed-out first attempt had landed (a probe result)."""
+        return self._report(cls, 1, fields)
+
+    def _report(self, cls: type[ev.Event], attempts: int, fields: dict[str, Any]) -> bool:
         if self._failstop.error is not None:
             log.debug("not reported after fail-stop: %s%s", cls.__name__, fields)
             return False
         try:
-            for attempt in range(self._attempts):
+            for attempt in range(attempts):
                 try:
                     self._link.send(cls, **fields)
                     return True
@@ -123,8 +131,8 @@ class Reporter:
                     return False
                 except Exception:
                     log.warning("reporting %s%s failed (attempt %d of %d)", cls.__name__,
-                                fields, attempt + 1, self._attempts, exc_info=True)  # fmt: skip
-                    if attempt + 1 < self._attempts:
+                                fields, attempt + 1, attempts, exc_info=True)  # fmt: skip
+                    if attempt + 1 < attempts:
                         time.sleep(self._backoff_s)
             self._counters.lost()
             log.error("reporting %s%s failed for good", cls.__name__, fields)

@@ -47,12 +47,25 @@ class TrafficRouter:
         self._user = user
         self._lock = threading.Lock()
         self._routes: dict[str, tuple[int, int] | None] = {}  # group -> (incarnation, version)
+        # The latest routing effect each group got: a retried older one is stale.
+        self._latest: dict[str, fx.RouteTraffic | fx.WithdrawTraffic] = {}
         self._turn = itertools.count()
 
-    def apply(self, effect: fx.RouteTraffic | fx.WithdrawTraffic) -> None:
+    def apply(self, effect: fx.RouteTraffic | fx.WithdrawTraffic, *, retry: bool = False) -> None:
+        """Record a routing effect and hand it on. ``retry``: it failed before (the user's
+        router raised) and runs again; it is dropped if a newer one for its group came since,
+        so a retry never routes to a group that was withdrawn meanwhile (or the reverse)."""
         with self._lock:
+            if retry and self._latest.get(effect.group) is not effect:
+                log.info("dropped a stale retried %r", effect)
+                return
+            self._latest[effect.group] = effect
+            route = self._routes.get(effect.group)
             if isinstance(effect, fx.RouteTraffic):
-                self._routes[effect.group] = (effect.incarnation, effect.version)
+                version = effect.version
+                if route is not None and route[0] == effect.incarnation:
+                    version = max(version, route[1])  # a sync may have advanced it already
+                self._routes[effect.group] = (effect.incarnation, version)
             else:
                 self._routes[effect.group] = None
         if self._user is not None:
@@ -116,4 +129,4 @@ class TrafficRouter:
 
     def sizes(self) -> Mapping[str, int]:
         with self._lock:
-            return {"routes": len(self._routes)}
+            return {"routes": len(self._routes), "latest": len(self._latest)}

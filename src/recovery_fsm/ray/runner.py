@@ -110,11 +110,25 @@ class EffectRunner:
         return self.failed.kept
 
     def retry_failed(self) -> int:
-        """Queue the effects that failed again, in their order; returns how many."""
+        """Queue the effects that failed again, in their order; returns how many (0 after
+        fail-stop: they stay kept). A routing effect that a newer one replaced is dropped."""
+        with self._lock:
+            if self._halted:
+                return 0
         failed = self.failed.take()
         for f in failed:
-            self.execute(f.effect)
+            if isinstance(f.effect, fx.RouteTraffic | fx.WithdrawTraffic):
+                self._route(f.effect, retry=True)
+            else:
+                self.execute(f.effect)
         return len(failed)
+
+    def _route(self, effect: fx.RouteTraffic | fx.WithdrawTraffic, *, retry: bool) -> None:
+        try:
+            self._router.apply(effect, retry=retry)
+        except Exception as err:  # the user's router: kept, as every executor keeps it
+            log.exception("routing %r raised; kept in runner.failed", effect)
+            self.failed.add(effect, err)
 
     def sizes(self) -> dict[str, int]:
         with self._lock:
@@ -130,7 +144,7 @@ class EffectRunner:
                 return
         match effect:
             case fx.RouteTraffic() | fx.WithdrawTraffic():
-                self._router.apply(effect)
+                self._route(effect, retry=False)
             case fx.StopGroup(group=g, incarnation=inc):
                 kill(self._table.take(g, inc))
             case fx.RetireGroup(group=g):

@@ -353,7 +353,9 @@ class RecoveryRuntime:
         return self.link.errors + self.runner.errors
 
     def retry_failed(self) -> int:
-        """Execute every kept failed effect again; returns how many."""
+        """Execute every kept failed effect again; returns how many. After fail-stop it
+        raises ``ControllerStopped``: nothing runs any more, and the effects stay kept."""
+        self.failstop.check()
         return self.link.retry_failed() + self.runner.retry_failed()
 
     def statistics(self) -> Statistics:
@@ -395,13 +397,20 @@ class RecoveryRuntime:
             self.runner.resume()  # a paused runner runs what it holds: the drain needs it
             self.exporter.close(cancel=True)  # an export in flight now would be stale at once
             if self.failstop.error is None:
-                if not self.controller.closed:
-                    self.reporter.report(ev.Shutdown)
-                # Shutdown stops every process; what is owed (a load's outcome, a delete)
-                # arrives from the runner meanwhile.
-                drained = self.wait_drained(drain_timeout_s)
-            self.link.close(timeout=drain_timeout_s)
-            self.runner.close(timeout=drain_timeout_s)
+                # A controller actor that stops answering must not keep the rest open: every
+                # step below runs whatever the one before it raised.
+                try:
+                    if not self.controller.closed:
+                        self.reporter.report(ev.Shutdown)
+                    # Shutdown stops every process; what is owed (a load's outcome, a
+                    # delete) arrives from the runner meanwhile.
+                    drained = self.wait_drained(drain_timeout_s)
+                except Exception:
+                    log.exception("the controller did not answer while closing: not drained")
+            try:
+                self.link.close(timeout=drain_timeout_s)
+            finally:
+                self.runner.close(timeout=drain_timeout_s)
         finally:
             kill(self.actors_table.close())
             if self._journal is not None:
