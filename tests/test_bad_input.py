@@ -550,3 +550,16 @@ def test_a_sync_journals_and_replays_as_a_plain_mapping(tmp_path: Path) -> None:
     assert ev.WeightsSynced(3, {"g1": 1, "g2": 1}, at=2.5) == sync
     assert hash(ev.WeightsSynced(3, {"g1": 1, "g2": 1}, at=2.5)) == hash(sync)
     assert ev.WeightsSynced(3, {"g1": 1, "g2": 2}, at=2.5) != sync
+
+
+def test_an_event_changed_behind_its_frozen_fields_is_refused_and_changes_nothing(
+    driver: Driver,
+) -> None:
+    """object.__setattr__ gets past attrs' frozen fields; the controller checks every field
+    again as the event arrives, so the change is refused, not taken."""
+    event = ev.GroupFailed("g1", driver.inc("g1"), at=T)
+    object.__setattr__(event, "incarnation", "1")  # a string where an int is expected
+    before = driver.c.snapshot()
+    with pytest.raises(MalformedEvent, match="incarnation must be an int"):
+        driver.c.handle(event)
+    assert driver.c.snapshot() == before and driver.c.broken is None
