@@ -407,3 +407,16 @@ def test_a_sink_whose_nested_send_escapes_is_only_a_journal_failure() -> None:
     assert c.journal_failures == 1
     assert c.broken is None
     assert c.snapshot()["now"] == 1.0
+
+
+def test_one_deadline_table_bounds_every_wait() -> None:
+    """The rules, the world model and the simulator read deadlines from one table; every
+    timeout knob is in it, and it reads the configured value."""
+    import attrs
+
+    from recovery_fsm.config import DEADLINES, RecoveryConfig
+
+    knobs = {f.name for f in attrs.fields(RecoveryConfig) if f.name.endswith("_timeout_s")}
+    assert set(DEADLINES.values()) == knobs
+    config = RecoveryConfig(load_timeout_s=7.0)
+    assert config.deadline("load") == 7.0

@@ -24,3 +24,16 @@ class RecoveryConfig:
     # The trainer exports after every sync: a group failing between the sync and the
     # export's start waits for it instead of going cold.
     export_every_sync: bool = attrs.field(default=True, validator=valid.flag)
+
+    def deadline(self, wait: str) -> float:
+        """Seconds a wait of kind ``wait`` (one of ``DEADLINES``) may run: the one deadline
+        table of the rules, the world model and the simulator."""
+        return float(getattr(self, DEADLINES[wait]))
+
+
+# Each kind of wait, and the knob that bounds it.
+DEADLINES = {
+    "checkpoint": "await_checkpoint_timeout_s",  # a failed group waits for C(v)'s export
+    "load": "load_timeout_s",  # a start from a checkpoint, or a load in place
+    "relaunch": "relaunch_timeout_s",  # a cold start
+}

@@ -307,12 +307,12 @@ class Rules:
             if r.since is None:
                 continue
             waited = e.at - r.since
-            if r.state == GroupState.AWAITING_CHECKPOINT and waited >= c.await_checkpoint_timeout_s:
+            if r.state == GroupState.AWAITING_CHECKPOINT and waited >= c.deadline("checkpoint"):
                 self._relaunch(g)
-            elif r.state in LOADING and waited >= c.load_timeout_s:
+            elif r.state in LOADING and waited >= c.deadline("load"):
                 self._cool(g)
                 self._fail(g, kill="load deadline")  # its lease waits for the killed start
-            elif r.state in RELAUNCHING and waited >= c.relaunch_timeout_s:
+            elif r.state in RELAUNCHING and waited >= c.deadline("relaunch"):
                 self._fail(g, kill="relaunch deadline")
 
     # -- the health manager and the runtime, about one incarnation -----------------------------

@@ -240,9 +240,9 @@ class Sim:
         """Seconds until each running wait reaches its deadline."""
         c, w = self.scope.config, self.world
         limits = {
-            "down": c.await_checkpoint_timeout_s,
-            "loading": c.load_timeout_s,
-            "relaunching": c.relaunch_timeout_s,
+            "down": c.deadline("checkpoint"),
+            "loading": c.deadline("load"),
+            "relaunching": c.deadline("relaunch"),
         }
         return sorted(
             {p.since + limits[p.status] - self.now for p in w.procs.values() if p.status in limits}

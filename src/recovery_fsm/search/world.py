@@ -356,9 +356,9 @@ class World:
         """After a Tick no wait may be past its deadline."""
         c = self.config
         limits = {
-            "down": c.await_checkpoint_timeout_s,
-            "loading": c.load_timeout_s,
-            "relaunching": c.relaunch_timeout_s,
+            "down": c.deadline("checkpoint"),
+            "loading": c.deadline("load"),
+            "relaunching": c.deadline("relaunch"),
         }
         for name, p in self.procs.items():
             limit = limits.get(p.status)
