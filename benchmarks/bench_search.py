@@ -6,20 +6,26 @@ Per broken rule set: Hypothesis's time and examples to the first failing example
 random runs, no shrinking; median and worst over the runs), and the explorer's depth, distinct
 states and time to its shortest counterexample. Then the real controller's exhaustive
 search: new states per depth. The aims are: every variant found in under 10 s by
-Hypothesis and by depth 8 by the explorer.
+Hypothesis and by depth 8 by the explorer. The variants are the tests' source patches of the
+rules (``tests/property/variants.py``), loaded the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from recovery_fsm.search import MUTANTS, explore
+from recovery_fsm.search import explore
 from recovery_fsm.search.stateful import RaceFound, race_search
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "property"))
+from variants import VARIANTS, load  # the tests' module, on the path just above
 
 
 def hypothesis_find(cls: type, budget: int) -> tuple[float, int] | None:
@@ -52,7 +58,8 @@ def main() -> None:
 
     print(f"{'variant':24} {'hypothesis: median s':>21} {'worst s':>8} {'examples':>9}"
           f"   {'explorer: depth':>15} {'states':>7} {'s':>6}")  # fmt: skip
-    for name, cls in MUTANTS.items():
+    for name in (v.name for v in VARIANTS):
+        cls = load(name)
         runs = [hypothesis_find(cls, a.budget) for _ in range(a.runs)]
         found = [r for r in runs if r is not None]
         ex = explore(a.explorer_depth, rules=cls)

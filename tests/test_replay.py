@@ -20,7 +20,6 @@ from recovery_fsm import (
 from recovery_fsm import events as ev
 from recovery_fsm.journal import JsonlJournal
 from recovery_fsm.replay import rebuild, replay
-from recovery_fsm.search import MUTANTS, Sim
 
 
 def _record(path: Path) -> None:
@@ -65,22 +64,6 @@ def test_a_tampered_journal_shows_where_it_diverges(tmp_path: Path) -> None:
     assert not report.ok and report.violation_step is None
     assert report.divergences and report.divergences[0].startswith("step 5: GroupFailed")
     assert _cli("replay", str(path)).returncode == 1
-
-
-def test_a_broken_controller_trace_replays_to_its_violation(tmp_path: Path) -> None:
-    sim = Sim(rules=MUTANTS["delete-ignoring-leases"])
-    for name in ["export", "commit(0)", "fail(g0)"]:
-        assert sim.step(next(a for a in sim.actions() if str(a) == name)) == []
-    problems = sim.step(next(a for a in sim.actions() if str(a) == "sync"))
-    assert any("while g0#2 is loading it" in p for p in problems)
-    path = sim.write_journal(tmp_path / "trace.jsonl")
-
-    report = replay(path)  # the header names the broken controller
-    assert report.controller == "DeleteIgnoringLeases" and report.violation_step == 6
-    assert set(problems) <= set(report.violations)
-    done = _cli("replay", str(path))
-    assert done.returncode == 1 and "step 6: violation" in done.stdout
-    assert replay(path, Rules).violation_step is None
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,9 @@ controller, or the code changed since.
 
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Any
+from typing import Any, cast
 
 import attrs
 
@@ -20,7 +21,6 @@ from .controller import JournalSink, RecoveryController
 from .errors import ControllerBroken, MalformedEvent, RecoveryError
 from .journal import read_journal
 from .rules import Rules
-from .search.mutants import MUTANTS
 from .search.world import World
 
 REAL = "recovery_fsm.rules:Rules"
@@ -50,17 +50,24 @@ class ReplayReport:
 
 
 def rules_class(name: str) -> type[Rules]:
-    """``real``, a broken variant's name, or a journal header's ``module:Class``."""
+    """``real``, or a rules class by ``module:Class`` (what a journal's header records): the
+    real ``recovery_fsm.rules:Rules`` or any other importable one, say a broken variant a
+    test wrote. Importing the module runs it: name only modules you trust."""
     if name in {"real", REAL}:
         return Rules
-    if name in MUTANTS:
-        return MUTANTS[name]
-    for cls in MUTANTS.values():
-        if name == f"{cls.__module__}:{cls.__qualname__}":
-            return cls
-    raise MalformedEvent(
-        f"unknown controller {name!r}; expected 'real' or one of {sorted(MUTANTS)}"
-    )
+    module, _, qualname = name.partition(":")
+    unknown = f"unknown controller {name!r}; expected 'real' or a rules class as module:Class"
+    if not module or not qualname:
+        raise MalformedEvent(unknown)
+    try:
+        found: object = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as err:
+        raise MalformedEvent(f"{unknown} ({type(err).__name__}: {err})") from err
+    if not (isinstance(found, type) and callable(getattr(found, "apply", None))):
+        raise MalformedEvent(f"{unknown} ({name} is not a rules class)")
+    return cast("type[Rules]", found)
 
 
 def replay(path: str | os.PathLike[str], rules: type[Rules] | None = None) -> ReplayReport:

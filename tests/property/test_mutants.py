@@ -1,26 +1,70 @@
-"""Proof the search has teeth: each broken controller must be caught by Hypothesis (on every
-seed, not one lucky one) and by the explorer, and the trace each writes must replay to the
-same violation."""
+"""Proof the search has teeth: each broken controller (``variants.py``: the rules' source,
+patched) must be caught by Hypothesis (on every seed, not one lucky one) and by the explorer,
+and the trace each writes must replay to the same violation."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from budget import BUDGET, search_settings
 from hypothesis import seed
 from hypothesis.stateful import run_state_machine_as_test
+from variants import HOSTINGS, RULES_VARIANTS, VARIANTS, PatchError, Variant, install, load
 
 from recovery_fsm import Rules
-from recovery_fsm.replay import replay
-from recovery_fsm.search import HOSTING_MUTANTS, MUTANTS, Scope, explore
+from recovery_fsm.replay import replay, rules_class
+from recovery_fsm.search import Scope, Sim, explore
 from recovery_fsm.search.stateful import RaceFound, race_search
 
 
-@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_each_variant_is_a_module_replay_loads_by_name() -> None:
+    for v in VARIANTS:
+        cls = load(v.name)
+        assert rules_class(f"{v.module}:{v.class_name}") is cls
+        assert cls.__doc__ == v.bug
+
+
+def test_a_patch_that_no_longer_fits_fails_naming_its_variant() -> None:
+    gone = Variant("gone", "a bug", (("this snippet is not in rules.py", "x"),))
+    with pytest.raises(PatchError, match=r"variant 'gone'.* 0 times in rules\.py"):
+        gone.source()
+    twice = Variant("twice", "a bug", (("self", "this"),))
+    with pytest.raises(PatchError, match="variant 'twice'"):
+        twice.source()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "recovery_fsm.cli", *args]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(install()), *sys.path])}
+    return subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+
+
+def test_a_broken_controller_trace_replays_to_its_violation(tmp_path: Path) -> None:
+    sim = Sim(rules=load("delete-ignoring-leases"))
+    for name in ["export", "commit(0)", "fail(g0)"]:
+        assert sim.step(next(a for a in sim.actions() if str(a) == name)) == []
+    problems = sim.step(next(a for a in sim.actions() if str(a) == "sync"))
+    assert any("while g0#2 is loading it" in p for p in problems)
+    path = sim.write_journal(tmp_path / "trace.jsonl")
+
+    report = replay(path)  # the header names the broken controller
+    assert report.controller == "DeleteIgnoringLeases" and report.violation_step == 6
+    assert set(problems) <= set(report.violations)
+    done = _cli("replay", str(path))
+    assert done.returncode == 1 and "step 6: violation" in done.stdout
+    assert replay(path, Rules).violation_step is None
+    real = _cli("replay", str(path), "--controller", "recovery_fsm.rules:Rules")
+    assert "no violation" in real.stdout and "divergence: step 6" in real.stdout
+
+
+@pytest.mark.parametrize("name", RULES_VARIANTS)
 def test_hypothesis_finds_the_broken_controller(name: str, tmp_path: Path) -> None:
     trace_dir = tmp_path / "traces"
-    machine = race_search(MUTANTS[name], journal_dir=trace_dir)
+    machine = race_search(load(name), journal_dir=trace_dir)
     # Derandomized, so CI either always or never finds it; no shrinking, to stay fast.
     budget = search_settings(BUDGET.mutant_examples, shrink=False, derandomize=True)
     with pytest.raises(RaceFound) as found:
@@ -28,7 +72,7 @@ def test_hypothesis_finds_the_broken_controller(name: str, tmp_path: Path) -> No
     journal = found.value.journal
     assert journal is not None and journal.exists()
     report = replay(journal)
-    assert report.controller == MUTANTS[name].__name__
+    assert report.controller == load(name).__name__
     assert report.violation_step is not None and not report.divergences
     replayed = {v.removeprefix("(recorded by the search) ") for v in report.violations}
     assert replayed & set(found.value.violations)
@@ -39,11 +83,11 @@ SEEDS = range(BUDGET.seeds)
 
 
 @pytest.mark.parametrize("number", SEEDS)
-@pytest.mark.parametrize("name", sorted(MUTANTS))
+@pytest.mark.parametrize("name", RULES_VARIANTS)
 def test_hypothesis_finds_the_broken_controller_on_every_seed(name: str, number: int) -> None:
     """Found on some seeds is not found: a variant missed on one seed would pass or fail CI
     by luck once the seed changes (``miss-keeps-streak`` used to be missed on seed 1)."""
-    machine = seed(number)(race_search(MUTANTS[name]))
+    machine = seed(number)(race_search(load(name)))
     with pytest.raises(RaceFound):
         run_state_machine_as_test(
             machine, settings=search_settings(BUDGET.mutant_examples, shrink=False)
@@ -56,14 +100,14 @@ def test_hypothesis_finds_the_broken_controller_on_every_seed(name: str, number:
 BEYOND_THE_EXPLORER = {"miss-keeps-streak"}
 
 
-@pytest.mark.parametrize("name", sorted(set(MUTANTS) - BEYOND_THE_EXPLORER))
+@pytest.mark.parametrize("name", sorted(set(RULES_VARIANTS) - BEYOND_THE_EXPLORER))
 def test_explorer_finds_the_broken_controller_by_depth_8(name: str, tmp_path: Path) -> None:
     trace_dir = tmp_path / "traces"
-    result = explore(8, rules=MUTANTS[name], journal_dir=trace_dir)
+    result = explore(8, rules=load(name), journal_dir=trace_dir)
     assert result.found, f"{name} survived the explorer:\n{result.report()}"
     assert result.trace is not None and result.journal is not None
     # Shortest: the same search one level shallower finds nothing.
-    assert not explore(result.depth - 1, rules=MUTANTS[name]).found
+    assert not explore(result.depth - 1, rules=load(name)).found
     again = replay(result.journal)
     assert again.violation_step is not None
     assert set(again.violations) & set(result.violations)
@@ -75,11 +119,11 @@ def test_explorer_finds_the_broken_controller_by_depth_8(name: str, tmp_path: Pa
 
 
 @pytest.mark.parametrize("number", SEEDS)
-@pytest.mark.parametrize("name", sorted(HOSTING_MUTANTS))
+@pytest.mark.parametrize("name", HOSTINGS)
 def test_hypothesis_finds_the_broken_hosting_on_every_seed(
     name: str, number: int, tmp_path: Path
 ) -> None:
-    machine = seed(number)(race_search(host=HOSTING_MUTANTS[name], journal_dir=tmp_path))
+    machine = seed(number)(race_search(host=load(name), journal_dir=tmp_path))
     with pytest.raises(RaceFound) as found:
         run_state_machine_as_test(
             machine, settings=search_settings(BUDGET.mutant_examples, shrink=False)
@@ -87,7 +131,7 @@ def test_hypothesis_finds_the_broken_hosting_on_every_seed(
     assert any("journal" in v for v in found.value.violations), found.value
     # The journal the search kept is whole: replayed, it ends on the recorded finding.
     journal = found.value.journal
-    assert journal is not None and journal.name == f"race-{HOSTING_MUTANTS[name].__name__}.jsonl"
+    assert journal is not None and journal.name == f"race-{load(name).__name__}.jsonl"
     report = replay(journal)
     assert not report.divergences
     replayed = {v.removeprefix("(recorded by the search) ") for v in report.violations}
@@ -98,9 +142,9 @@ def test_hypothesis_finds_the_broken_hosting_on_every_seed(
 NO_REFUSALS = {"journals-accepted-only"}
 
 
-@pytest.mark.parametrize("name", sorted(set(HOSTING_MUTANTS) - NO_REFUSALS))
+@pytest.mark.parametrize("name", sorted(set(HOSTINGS) - NO_REFUSALS))
 def test_explorer_finds_the_broken_hosting(name: str) -> None:
-    result = explore(6, Scope(sink_failures=True), host=HOSTING_MUTANTS[name])
+    result = explore(6, Scope(sink_failures=True), host=load(name))
     assert result.found, f"{name} survived the explorer:\n{result.report()}"
     assert result.trace is not None and "sink_fails" in result.trace
     real = explore(result.depth, Scope(sink_failures=True))

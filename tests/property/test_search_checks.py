@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from variants import load
+
 from recovery_fsm import RecoveryController, Rules
 from recovery_fsm import events as ev
-from recovery_fsm.search import HOSTING_MUTANTS, MUTANTS, Scope, Sim
+from recovery_fsm.search import Scope, Sim
 from recovery_fsm.state import CheckpointSlot, GroupSlot
 
 
@@ -99,7 +101,7 @@ def test_a_wrong_clean_sync_streak_is_a_finding_at_the_sync_that_got_it_wrong() 
     itself, so the bug shows at the miss, not several syncs later at an early re-enable."""
     steps = ["export", "commit(0)", "fail(g0)", "load_fails(g0#2)", "sync", "export", "sync"]
     assert _walk(Sim(), steps) == []
-    sim = Sim(rules=MUTANTS["miss-keeps-streak"])
+    sim = Sim(rules=load("miss-keeps-streak"))
     found = _walk(sim, steps)
     assert found == ["immediate recovery of g0 counts 1 clean syncs in a row, expected 0"]
     assert len(sim.trace) == len(steps)  # at the last sync, the miss
@@ -139,14 +141,14 @@ def test_consecutive_sink_failures_are_marked_and_are_no_finding() -> None:
 
 
 def test_a_gap_nobody_marked_is_a_finding() -> None:
-    sim = Sim(Scope(sink_failures=True), host=HOSTING_MUTANTS["forgets-lost-marker"])
+    sim = Sim(Scope(sink_failures=True), host=load("forgets-lost-marker"))
     found = _walk(sim, ["export", "commit(0)", "sink_fails", "fail(g0)", "loaded(g0#2)"])
     assert found == ["journal record 6 says 0 records before it were lost; the sink failed on 1"]
     assert sim.records[-1]["finding"] == found  # written for replay
 
 
 def test_an_uncounted_sink_failure_is_a_finding() -> None:
-    sim = Sim(Scope(sink_failures=True), host=HOSTING_MUTANTS["swallows-sink-errors"])
+    sim = Sim(Scope(sink_failures=True), host=load("swallows-sink-errors"))
     found = _walk(sim, ["export", "sink_fails", "commit(0)"])
     assert found == ["the controller counts 0 journal failures; the sink failed 1 times"]
 
@@ -185,6 +187,6 @@ def test_a_refusal_left_out_of_the_journal_is_a_finding() -> None:
     real = Sim()
     assert real.misuse(0) == []
     assert real.records[-1]["error"]["type"] == "EventNotAllowed"
-    lax = Sim(host=HOSTING_MUTANTS["journals-accepted-only"])
+    lax = Sim(host=load("journals-accepted-only"))
     found = lax.misuse(0)
     assert found and "left 0 journal records, not one" in found[0]

@@ -171,7 +171,8 @@ def _fraction(text: str) -> float:
 
 
 def _controller(name: str) -> Any:
-    """``--controller``: checked while parsing, so a misspelt name is a usage error."""
+    """``--controller``: 'real' or a rules class as ``module:Class``, imported while parsing,
+    so a misspelt name is a one-line usage error."""
     from ..replay import rules_class
 
     try:
@@ -276,13 +277,13 @@ def _parser() -> argparse.ArgumentParser:
         "--controller",
         type=_controller,
         default=None,
-        help="'real' or a broken variant's name (default: the one the journal names)",
+        help="'real' or a rules class as module:Class (default: the one the journal names)",
     )
     r.set_defaults(func=_replay)
     x = sub.add_parser("explore", help="search every event ordering up to a depth")
     x.add_argument("--depth", type=_positive(int), default=6)
     x.add_argument("--controller", type=_controller, default="real",
-                   help="'real' or a broken variant's name")  # fmt: skip
+                   help="'real' or a rules class as module:Class")  # fmt: skip
     x.add_argument("--liveness", action="store_true", help="also settle every state fairly")
     x.add_argument("--journal-dir", default=None, help="write a counterexample journal here")
     x.set_defaults(func=_explore)

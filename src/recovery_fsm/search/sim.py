@@ -96,7 +96,7 @@ class SinkFailure(OSError):
 
 class Sim:
     """``host`` is the class hosting the rules: the real ``RecoveryController`` unless the
-    search is shown a broken one (``mutants.HOSTING_MUTANTS``)."""
+    search is shown a broken one (``tests/property/variants.py``)."""
 
     def __init__(
         self,
