@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 pytest.importorskip("rich")
 
 from recovery_fsm import cli  # noqa: E402
-from recovery_fsm.replay import replay  # noqa: E402
+from recovery_fsm.search.replay import replay  # noqa: E402
 
 # The smallest run the CLI test in test_trainer_and_demo.py makes: one group, three short
 # steps, no chaos, an HF save at v2 (kept, so not leaked).

@@ -13,7 +13,7 @@ from recovery_fsm import events as ev
 from recovery_fsm.cli.scenario import seed_race
 from recovery_fsm.codec import decode_event, encode
 from recovery_fsm.journal import JsonlJournal, read_journal
-from recovery_fsm.replay import replay
+from recovery_fsm.search.replay import replay
 
 
 def _record_run(path: Path) -> RecoveryController:

@@ -19,7 +19,7 @@ from recovery_fsm import (
 )
 from recovery_fsm import events as ev
 from recovery_fsm.journal import JsonlJournal
-from recovery_fsm.replay import rebuild, replay
+from recovery_fsm.search.replay import rebuild, replay
 
 
 def _record(path: Path) -> None:

@@ -11,7 +11,7 @@ The contract of :meth:`RecoveryController.handle`, whatever raises:
   ``journal_failures`` and marked in the next record the sink takes (``"lost"``);
 * any other error inside the rules is a bug: the controller stops for good (fail-stop, as h11
   does) and refuses every later event with ``ControllerBroken`` naming the first error.
-  Recover by building a fresh controller from the journal (``recovery_fsm.replay``).
+  Recover by building a fresh controller from the journal (``recovery_fsm.search.replay``).
 
 Events from several threads are serialized under one re-entrant lock and run to completion;
 a sink may read the controller, but an event sent from inside another is refused.

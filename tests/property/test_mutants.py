@@ -16,8 +16,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from variants import HOSTINGS, RULES_VARIANTS, VARIANTS, PatchError, Variant, install, load
 
 from recovery_fsm import Rules
-from recovery_fsm.replay import replay, rules_class
 from recovery_fsm.search import Scope, Sim, explore
+from recovery_fsm.search.replay import replay, rules_class
 from recovery_fsm.search.stateful import RaceFound, race_search
 
 

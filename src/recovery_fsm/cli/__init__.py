@@ -173,7 +173,7 @@ def _fraction(text: str) -> float:
 def _controller(name: str) -> Any:
     """``--controller``: 'real' or a rules class as ``module:Class``, imported while parsing,
     so a misspelt name is a one-line usage error."""
-    from ..replay import rules_class
+    from ..search.replay import rules_class
 
     try:
         return rules_class(name)
@@ -182,7 +182,7 @@ def _controller(name: str) -> Any:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from ..replay import replay
+    from ..search.replay import replay
 
     _read_journal(args.journal)
     try:

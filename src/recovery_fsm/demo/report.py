@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import attrs
 
 from ..journal.ledger import PATHS, percentile
-from ..replay import replay
+from ..search.replay import replay
 from .run import RunResult
 
 
