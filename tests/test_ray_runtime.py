@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 from recovery_fsm import RecoveryConfig, Rules  # noqa: E402
 from recovery_fsm.export import model_digest  # noqa: E402
 from recovery_fsm.ray import RecoveryRuntime, ReferenceEngine  # noqa: E402
-from recovery_fsm.replay import replay  # noqa: E402
+from recovery_fsm.search.replay import replay  # noqa: E402
 
 # The engines that misbehave are defined here: Ray's workers cannot import a test module,
 # so this one's classes travel by value.
@@ -560,7 +560,7 @@ def test_a_broken_controller_stops_the_runtime_and_the_trainer_hears_of_it(
     tmp_path: Path,
 ) -> None:
     from recovery_fsm import ControllerStopped
-    from recovery_fsm.replay import rebuild
+    from recovery_fsm.search.replay import rebuild
     from recovery_fsm.trainer import RecoveryHooks
 
     model = trainer()

@@ -55,11 +55,12 @@ class ControllerBroken(RecoveryError):
 class ControllerStopped(RecoveryError):
     """The runtime stopped because its controller broke (fail-stop): no effect runs any
     more, and every call of the trainer's raises this. ``journal`` is where the controller's
-    record is (None if it kept none); rebuild from it with ``recovery_fsm.replay.rebuild``."""
+    record is (None if it kept none); rebuild from it with
+    ``recovery_fsm.search.replay.rebuild``."""
 
     def __init__(self, first: BaseException, journal: str | None) -> None:
         where = (
-            f"rebuild it from its journal: recovery_fsm.replay.rebuild({journal!r}), "
+            f"rebuild it from its journal: recovery_fsm.search.replay.rebuild({journal!r}), "
             "then start a new runtime"
             if journal
             else "it kept no journal, so it cannot be rebuilt: start a new runtime"
