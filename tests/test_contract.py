@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -122,23 +123,23 @@ def test_a_failing_sink_on_the_header_does_not_stop_construction() -> None:
 class ExplodingRules(Rules):
     """A bug half-way through GroupFailed: the group already moved when it raises."""
 
-    def on_GroupFailed(self, e: ev.GroupFailed) -> None:
-        super().on_GroupFailed(e)
+    def on_GroupFailed(self, e: ev.GroupFailed, found: Any) -> None:
+        super().on_GroupFailed(e, found)
         raise RuntimeError("boom")
 
 
 class LateRefusalRules(Rules):
     """A refusal raised after something changed: the event is half applied."""
 
-    def on_ProbeFailed(self, e: ev.ProbeFailed) -> None:
-        super().on_ProbeFailed(e)
+    def on_ProbeFailed(self, e: ev.ProbeFailed, found: Any) -> None:
+        super().on_ProbeFailed(e, found)
         raise EventNotAllowed("too late to refuse")
 
 
 class EarlyRefusalRules(Rules):
-    """A refusal before anything changed is an ordinary refusal."""
+    """A refusal from the check, before anything changed, is an ordinary refusal."""
 
-    def on_ProbeFailed(self, e: ev.ProbeFailed) -> None:
+    def check_ProbeFailed(self, e: ev.ProbeFailed) -> Any:
         raise EventNotAllowed("not now")
 
 
@@ -212,8 +213,8 @@ def _refusing_after(handler: str) -> type[Rules]:
     """Rules whose ``handler`` runs to completion, then refuses once ``armed``: whatever
     the handler changed (a machine, or only a record or a counter) is already changed."""
 
-    def late(self: Rules, e: ev.Event) -> None:
-        getattr(Rules, handler)(self, e)
+    def late(self: Rules, e: ev.Event, found: Any) -> None:
+        getattr(Rules, handler)(self, e, found)
         if getattr(self, "armed", False):
             raise EventNotAllowed("refused after the fact")
 
@@ -264,8 +265,8 @@ def test_a_refusal_after_any_change_breaks_the_controller(
 class InterruptedRules(Rules):
     """A KeyboardInterrupt (or SystemExit from a signal handler) lands half-way through."""
 
-    def on_GroupFailed(self, e: ev.GroupFailed) -> None:
-        super().on_GroupFailed(e)
+    def on_GroupFailed(self, e: ev.GroupFailed, found: Any) -> None:
+        super().on_GroupFailed(e, found)
         raise KeyboardInterrupt
 
 
@@ -420,3 +421,41 @@ def test_one_deadline_table_bounds_every_wait() -> None:
     assert set(DEADLINES.values()) == knobs
     config = RecoveryConfig(load_timeout_s=7.0)
     assert config.deadline("load") == 7.0
+
+
+def test_every_check_is_pure_even_for_the_outcome_of_a_killed_start() -> None:
+    """``check_<Event>`` changes nothing, whatever it finds: here every event type is
+    checked (not applied) in a state with a load killed at its deadline, whose late outcome
+    is an orphan the rule, not the check, must end."""
+    from conftest import Driver
+
+    from recovery_fsm import RecoveryConfig
+
+    d = Driver(RecoveryConfig(load_timeout_s=5.0, restart_budget=3), ["g1", "g2"])
+    d.step(1)
+    d.about(ev.GroupFailed, "g1")  # g1#2 loads C(1)
+    for _ in range(6):
+        d.send(ev.Tick)  # past the deadline: g1#2 is killed, its lease waits for its outcome
+    assert d.c.leases, "the killed load still holds its lease"
+    rules = d.c.rules
+    events = [
+        ev.RestartLoadFailed("g1", 2, at=100.0),  # the orphan's outcome
+        ev.GroupFailed("g2", 1, at=100.0),
+        ev.ProbeFailed("g2", 1, at=100.0),
+        ev.WeightsSynced(2, d.c.up_groups(), at=100.0),
+        ev.ExportStarted(1, at=100.0),
+        ev.CheckpointPinned(1, at=100.0),
+        ev.GroupRegistered("g3", 1, at=100.0),
+        ev.Shutdown(at=100.0),
+        ev.Tick(at=100.0),
+    ]
+    before = d.c.snapshot()
+    for e in events:
+        check, _rule = rules._handlers[type(e)]
+        with contextlib.suppress(RecoveryError):
+            check(e)
+        assert d.c.snapshot() == before, f"checking {e.kind} changed the controller"
+    assert rules.effects == [] and rules.transitions == []
+    # Applying the orphan's outcome does end that start and free its lease.
+    d.send(ev.RestartLoadFailed, "g1", 2)
+    assert not [lease for lease in d.c.leases.values() if lease.incarnation == 2]

@@ -549,11 +549,11 @@ def test_a_delete_that_keeps_failing_is_kept_and_retried(tmp_path: Path) -> None
 class BrokenOnSecondDeath(Rules):
     """A bug in the rules: the second death reported raises inside the controller."""
 
-    def on_GroupFailed(self, e: Any) -> None:
+    def on_GroupFailed(self, e: Any, found: Any) -> None:
         self.deaths = getattr(self, "deaths", 0) + 1
         if self.deaths == 2:
             raise RuntimeError("a bug in the rules")
-        super().on_GroupFailed(e)
+        super().on_GroupFailed(e, found)
 
 
 def test_a_broken_controller_stops_the_runtime_and_the_trainer_hears_of_it(

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,7 +85,7 @@ def test_a_bad_journal_is_a_typed_error(tmp_path: Path, content: str, words: str
 
 
 class CrashesOnProbeOk(Rules):
-    def on_ProbeOk(self, e: ev.ProbeOk) -> None:
+    def on_ProbeOk(self, e: ev.ProbeOk, found: Any) -> None:
         raise KeyError(e.group)
 
 
@@ -105,10 +106,10 @@ def test_a_crash_is_journaled_and_replays_as_a_violation(tmp_path: Path) -> None
 class BreaksOnSecondProbeOk(Rules):
     """A rule with a bug that shows on the second ProbeOk."""
 
-    def on_ProbeOk(self, e: ev.ProbeOk) -> None:
+    def on_ProbeOk(self, e: ev.ProbeOk, found: Any) -> None:
         if self.groups[e.group].record.restarts == 0 and self.now > 4.0:
             raise KeyError("a bug")
-        super().on_ProbeOk(e)
+        super().on_ProbeOk(e, found)
 
 
 def test_rebuild_from_the_journal_goes_on_after_a_broken_controller(tmp_path: Path) -> None:

@@ -85,7 +85,7 @@ def test_a_report_to_a_controller_that_never_answers_is_tried_twice_then_lost() 
 
 
 class BrokenOnTick(Rules):
-    def on_Tick(self, e: Any) -> None:
+    def on_Tick(self, e: Any, _: None) -> None:
         raise RuntimeError("a bug in the rules")
 
 

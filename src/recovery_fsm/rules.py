@@ -63,15 +63,19 @@ Three consequences a reader may miss:
 * a commit loads C(v) in place only into processes whose switch is enabled; a cooling group
   waits for the next sync, as the cold path does.
 
-Every event is checked completely before anything changes (the ``_require_*`` helpers, which
-raise a typed ``RecoveryError``); only then do machines move. The hosting code
-(``controller.py``) serializes events, journals them and stops for good on any other error.
+Every event is checked completely before anything changes: ``check_<Event>`` is pure (it
+raises a typed ``RecoveryError`` or returns what the rule acts on), and ``apply`` runs the
+rule ``on_<Event>`` only after it passed, so the boundary between checking and changing is
+one line in ``apply``. The hosting code (``controller.py``) serializes events, journals them
+and stops for good on any other error, or on a refusal raised after the check.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+import attrs
 from statemachine import StateMachine
 
 from . import effects as fx
@@ -122,6 +126,19 @@ _PINNABLE = frozenset(
 )
 
 
+@attrs.frozen
+class Orphan:
+    """What a process event's check found when it is the outcome of an earlier start that
+    is still in flight: the rule only ends that start."""
+
+    group: GroupSlot
+    incarnation: int
+
+
+def _nothing_to_check(_e: ev.Event) -> None:
+    """The check of an event every state accepts (``Tick``)."""
+
+
 class Rules:
     """The state every rule reads, and the rules. Driven only through ``apply``."""
 
@@ -138,15 +155,20 @@ class Rules:
         self.effects: list[fx.Effect] = []
         self.transitions: list[tuple[str, str, str, str]] = []
         self.now = 0.0
-        # Set where an event's checks end and its changes begin: a refusal after that
-        # point would leave the event half applied, so the controller treats it as a bug.
+        # True once the event's check passed and its rule runs: a refusal after that point
+        # would leave the event half applied, so the controller treats it as a bug.
         self.applying = False
         self._bind()
 
     def apply(self, e: ev.Event) -> list[fx.Effect]:
+        """Check the event (pure: a refusal changes nothing), then apply its rule to what
+        the check found. The one place where checking ends and changing begins."""
         self.effects, self.transitions, self.applying = [], [], False
         self.now = e.at
-        self._handlers[type(e)](e)
+        check, rule = self._handlers[type(e)]
+        found = check(e)
+        self.applying = True
+        rule(e, found)
         return self.effects
 
     def __getstate__(self) -> dict[str, object]:
@@ -159,14 +181,19 @@ class Rules:
         self._bind()
 
     def _bind(self) -> None:
-        """Each event type to its rule, ``on_<Event>``."""
-        self._handlers = {
-            cls: getattr(self, f"on_{cls.__name__}") for cls in ev.EVENT_TYPES.values()
+        """Each event type to its check, ``check_<Event>`` (none: nothing to check), and its
+        rule, ``on_<Event>``, which takes what the check found."""
+        self._handlers: dict[type[ev.Event], tuple[Any, Any]] = {
+            cls: (
+                getattr(self, f"check_{cls.__name__}", _nothing_to_check),
+                getattr(self, f"on_{cls.__name__}"),
+            )
+            for cls in ev.EVENT_TYPES.values()
         }
 
     # -- the trainer -------------------------------------------------------------------------
 
-    def on_WeightsSynced(self, e: ev.WeightsSynced) -> None:
+    def check_WeightsSynced(self, e: ev.WeightsSynced) -> None:
         self._require_open(e)
         if e.version <= self.fleet.version:
             raise EventNotAllowed(
@@ -180,7 +207,7 @@ class Rules:
                     f"which was never started (current: {g.record.incarnation})"
                 )
 
-        self.applying = True
+    def on_WeightsSynced(self, e: ev.WeightsSynced, _: None) -> None:
         outcome = self._export_outcome(self.fleet.version)
         self.fleet.version = e.version
         self._make_checkpoints_stale()
@@ -221,7 +248,7 @@ class Rules:
                 )
                 rec.clean_streak = 0
 
-    def on_ExportStarted(self, e: ev.ExportStarted) -> None:
+    def check_ExportStarted(self, e: ev.ExportStarted) -> None:
         self._require_open(e)
         if e.version != self.fleet.version:
             raise UnknownVersion(
@@ -231,22 +258,23 @@ class Rules:
         if e.version in self.checkpoints or e.version in self.finished:
             raise EventNotAllowed(f"an export of version {e.version} was already started")
 
-        self.applying = True
+    def on_ExportStarted(self, e: ev.ExportStarted, _: None) -> None:
         record = CheckpointRecord(e.version, pinned=e.pinned, state=CheckpointState.EXPORTING)
         self.checkpoints[e.version] = CheckpointSlot(record, build=True)
         self.transitions.append(
             (Label.of(Label.CHECKPOINT, e.version), Label.CREATE, "", CheckpointState.EXPORTING)
         )
 
-    def on_ExportCommitted(self, e: ev.ExportCommitted) -> None:
+    def check_ExportCommitted(self, e: ev.ExportCommitted) -> CheckpointSlot:
         for other in self.checkpoints.values():
             if other.record.path == e.path:
                 raise EventNotAllowed(
                     f"ExportCommitted({e.version}) at {e.path}, which checkpoint "
                     f"{other.record.version} still occupies"
                 )
-        ck = self._require_checkpoint(e, e.version, CheckpointEvent.COMMIT)
+        return self._require_checkpoint(e, e.version, CheckpointEvent.COMMIT)
 
+    def on_ExportCommitted(self, e: ev.ExportCommitted, ck: CheckpointSlot) -> None:
         ck.record.path = e.path
         self._fire_ck(ck, CheckpointEvent.COMMIT)
         if ck.record.state == CheckpointState.DELETABLE:
@@ -257,15 +285,17 @@ class Rules:
             for g in list(self.groups.values()):
                 self._catch_up(g)
 
-    def on_ExportFailed(self, e: ev.ExportFailed) -> None:
-        self._end_export(
-            self._require_checkpoint(e, e.version, CheckpointEvent.FAIL), CheckpointEvent.FAIL
-        )
+    def check_ExportFailed(self, e: ev.ExportFailed) -> CheckpointSlot:
+        return self._require_checkpoint(e, e.version, CheckpointEvent.FAIL)
 
-    def on_ExportCancelled(self, e: ev.ExportCancelled) -> None:
-        self._end_export(
-            self._require_checkpoint(e, e.version, CheckpointEvent.CANCEL), CheckpointEvent.CANCEL
-        )
+    def on_ExportFailed(self, e: ev.ExportFailed, ck: CheckpointSlot) -> None:
+        self._end_export(ck, CheckpointEvent.FAIL)
+
+    def check_ExportCancelled(self, e: ev.ExportCancelled) -> CheckpointSlot:
+        return self._require_checkpoint(e, e.version, CheckpointEvent.CANCEL)
+
+    def on_ExportCancelled(self, e: ev.ExportCancelled, ck: CheckpointSlot) -> None:
+        self._end_export(ck, CheckpointEvent.CANCEL)
 
     def _end_export(self, ck: CheckpointSlot, event: str) -> None:
         was_current = ck.record.state == CheckpointState.EXPORTING
@@ -275,19 +305,24 @@ class Rules:
             for g in self._awaiting():
                 self._relaunch(g)
 
-    def on_CheckpointPinned(self, e: ev.CheckpointPinned) -> None:
+    def check_CheckpointPinned(self, e: ev.CheckpointPinned) -> CheckpointSlot:
         # An abandoned export was asked to stop (unless already pinned): too late to keep it.
-        ck = self._require_checkpoint(e, e.version, states=_PINNABLE)
+        return self._require_checkpoint(e, e.version, states=_PINNABLE)
+
+    def on_CheckpointPinned(self, e: ev.CheckpointPinned, ck: CheckpointSlot) -> None:
         ck.record.pinned = True
 
-    def on_CheckpointDeleted(self, e: ev.CheckpointDeleted) -> None:
-        ck = self._require_checkpoint(e, e.version, CheckpointEvent.REMOVE)
+    def check_CheckpointDeleted(self, e: ev.CheckpointDeleted) -> CheckpointSlot:
+        return self._require_checkpoint(e, e.version, CheckpointEvent.REMOVE)
+
+    def on_CheckpointDeleted(self, e: ev.CheckpointDeleted, ck: CheckpointSlot) -> None:
         self._fire_ck(ck, CheckpointEvent.REMOVE)
         self._forget(ck)
 
-    def on_Shutdown(self, e: ev.Shutdown) -> None:
+    def check_Shutdown(self, e: ev.Shutdown) -> None:
         self._require_open(e)
-        self.applying = True
+
+    def on_Shutdown(self, e: ev.Shutdown, _: None) -> None:
         self.closed = True
         for g in self.groups.values():
             r = g.record
@@ -299,8 +334,7 @@ class Rules:
                 self._emit(fx.StopGroup(r.name, r.incarnation, "shutdown"))
         self._make_checkpoints_stale()
 
-    def on_Tick(self, e: ev.Tick) -> None:
-        self.applying = True
+    def on_Tick(self, e: ev.Tick, _: None) -> None:
         c = self.config
         for g in list(self.groups.values()):
             r = g.record
@@ -317,7 +351,7 @@ class Rules:
 
     # -- the health manager and the runtime, about one incarnation -----------------------------
 
-    def on_GroupRegistered(self, e: ev.GroupRegistered) -> None:
+    def check_GroupRegistered(self, e: ev.GroupRegistered) -> None:
         self._require_open(e)
         if e.group in self.groups:
             raise EventNotAllowed(f"group {e.group!r} is already registered")
@@ -327,7 +361,7 @@ class Rules:
                 f"but the fleet has only reached {self.fleet.version}"
             )
 
-        self.applying = True
+    def on_GroupRegistered(self, e: ev.GroupRegistered, _: None) -> None:
         start = GroupState.ACTIVE if e.version == self.fleet.version else GroupState.PENDING_WEIGHTS
         record = GroupRecord(e.group, self.fleet, e.version, state=start)
         recovery = RecoveryRecord(
@@ -342,8 +376,11 @@ class Rules:
         else:
             self._catch_up(self.groups[e.group])
 
-    def on_ProbeFailed(self, e: ev.ProbeFailed) -> None:
-        g = self._current(e, SERVING)
+    def check_ProbeFailed(self, e: ev.ProbeFailed) -> GroupSlot | Orphan:
+        return self._current(e, SERVING)
+
+    def on_ProbeFailed(self, e: ev.ProbeFailed, found: GroupSlot | Orphan) -> None:
+        g = self._settle(found)
         if g is None:
             return
         r = g.record
@@ -353,16 +390,22 @@ class Rules:
         elif r.state == GroupState.ACTIVE:
             self._fire_group(g, GroupEvent.PROBE_FAILED)
 
-    def on_ProbeOk(self, e: ev.ProbeOk) -> None:
-        g = self._current(e, SERVING)
+    def check_ProbeOk(self, e: ev.ProbeOk) -> GroupSlot | Orphan:
+        return self._current(e, SERVING)
+
+    def on_ProbeOk(self, e: ev.ProbeOk, found: GroupSlot | Orphan) -> None:
+        g = self._settle(found)
         if g is None:
             return
         g.record.probe_failures = 0
         if g.record.state == GroupState.SUSPECT:
             self._fire_group(g, GroupEvent.PROBE_OK)
 
-    def on_GroupFailed(self, e: ev.GroupFailed) -> None:
-        g = self._current(e, _FAILABLE)
+    def check_GroupFailed(self, e: ev.GroupFailed) -> GroupSlot | Orphan:
+        return self._current(e, _FAILABLE)
+
+    def on_GroupFailed(self, e: ev.GroupFailed, found: GroupSlot | Orphan) -> None:
+        g = self._settle(found)
         if g is None:
             return
         if g.record.state in LOADING:
@@ -370,8 +413,11 @@ class Rules:
         self._end_start(g)  # the process that read the checkpoint is gone, and its lease
         self._fail(g)
 
-    def on_RestartLoaded(self, e: ev.RestartLoaded) -> None:
-        g = self._current(e, LOADING)
+    def check_RestartLoaded(self, e: ev.RestartLoaded) -> GroupSlot | Orphan:
+        return self._current(e, LOADING)
+
+    def on_RestartLoaded(self, e: ev.RestartLoaded, found: GroupSlot | Orphan) -> None:
+        g = self._settle(found)
         if g is None:
             return
         lease = self._end_start(g)
@@ -383,16 +429,22 @@ class Rules:
             self._fire_group(g, GroupEvent.LOADED_STALE)
             self._catch_up(g)
 
-    def on_RestartLoadFailed(self, e: ev.RestartLoadFailed) -> None:
-        g = self._current(e, LOADING)
+    def check_RestartLoadFailed(self, e: ev.RestartLoadFailed) -> GroupSlot | Orphan:
+        return self._current(e, LOADING)
+
+    def on_RestartLoadFailed(self, e: ev.RestartLoadFailed, found: GroupSlot | Orphan) -> None:
+        g = self._settle(found)
         if g is None:
             return
         self._end_start(g)
         self._cool(g)
         self._fail(g)
 
-    def on_Relaunched(self, e: ev.Relaunched) -> None:
-        g = self._current(e, RELAUNCHING)
+    def check_Relaunched(self, e: ev.Relaunched) -> GroupSlot | Orphan:
+        return self._current(e, RELAUNCHING)
+
+    def on_Relaunched(self, e: ev.Relaunched, found: GroupSlot | Orphan) -> None:
+        g = self._settle(found)
         if g is None:
             return
         self._end_start(g)
@@ -400,8 +452,11 @@ class Rules:
         self._fire_group(g, GroupEvent.RELAUNCHED)
         self._catch_up(g)
 
-    def on_RelaunchFailed(self, e: ev.RelaunchFailed) -> None:
-        g = self._current(e, RELAUNCHING)
+    def check_RelaunchFailed(self, e: ev.RelaunchFailed) -> GroupSlot | Orphan:
+        return self._current(e, RELAUNCHING)
+
+    def on_RelaunchFailed(self, e: ev.RelaunchFailed, found: GroupSlot | Orphan) -> None:
+        g = self._settle(found)
         if g is None:
             return
         self._end_start(g)
@@ -583,17 +638,16 @@ class Rules:
         | ev.Relaunched
         | ev.RelaunchFailed,
         states: frozenset[str],
-    ) -> GroupSlot | None:
+    ) -> GroupSlot | Orphan:
         """The group, when ``e`` is about its current incarnation in one of ``states``
-        (this is the check every process event passes before it changes anything).
+        (the check every process event passes; it changes nothing).
 
-        None when ``e`` is the outcome of an earlier start still in flight (killed after a
-        deadline, or stopped by Shutdown): that outcome only ends the start and frees its
-        lease, here. Anything else about another incarnation is refused."""
+        An ``Orphan`` when ``e`` is the outcome of an earlier start still in flight (killed
+        after a deadline, or stopped by Shutdown): that outcome only ends the start and
+        frees its lease (``_settle``). Anything else about another incarnation is refused."""
         g = self._require_group(e.group)
         r = g.record
         if e.incarnation == r.incarnation and r.state in states:
-            self.applying = True
             return g
         start = self.starts.get((e.group, e.incarnation))
         if start is not None and self._orphaned(g, e.incarnation, start):
@@ -602,9 +656,7 @@ class Rules:
                 *(ev.LOAD_OUTCOMES if start.kind == "load" else ev.RELAUNCH_OUTCOMES),
             )
             if isinstance(e, ends):
-                self.applying = True
-                self._end_start(g, e.incarnation)
-                return None
+                return Orphan(g, e.incarnation)
         if e.incarnation != r.incarnation:
             raise WrongIncarnation(
                 f"{e.kind} for incarnation {e.incarnation} of group {e.group!r}, whose "
@@ -614,6 +666,13 @@ class Rules:
             f"{e.kind} for group {e.group!r} expects it in one of {sorted(states)}, "
             f"but it is {r.state}"
         )
+
+    def _settle(self, found: GroupSlot | Orphan) -> GroupSlot | None:
+        """The group a process event acts on; an orphan's outcome only ends its start."""
+        if isinstance(found, Orphan):
+            self._end_start(found.group, found.incarnation)
+            return None
+        return found
 
     @staticmethod
     def _orphaned(g: GroupSlot, incarnation: int, start: Start) -> bool:
@@ -639,7 +698,6 @@ class Rules:
                 f"{e.kind} for checkpoint {version} expects it in one of {sorted(allowed)}, "
                 f"but it is {ck.record.state}"
             )
-        self.applying = True
         return ck
 
     # -- plumbing ----------------------------------------------------------------------------

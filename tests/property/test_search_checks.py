@@ -24,22 +24,26 @@ def _walk(sim: Sim, names: list[str]) -> list[str]:
 
 
 class RefusesCommits(Rules):
-    def on_ExportCommitted(self, e: ev.ExportCommitted) -> None:
-        self._require_checkpoint(e, e.version, states=set())  # refuses every commit
+    def check_ExportCommitted(self, e: ev.ExportCommitted) -> CheckpointSlot:
+        return self._require_checkpoint(e, e.version, states=frozenset())  # refuses every one
 
 
 class IgnoresDuplicateCommits(Rules):
-    def on_ExportCommitted(self, e: ev.ExportCommitted) -> None:
+    def check_ExportCommitted(self, e: ev.ExportCommitted) -> Any:
         ck = self.checkpoints.get(e.version)
         if e.version in self.finished or (ck is not None and ck.record.state != "exporting"):
-            return  # "idempotent": a repeated commit is silently accepted
-        super().on_ExportCommitted(e)
+            return None  # "idempotent": a repeated commit is silently accepted
+        return super().check_ExportCommitted(e)
+
+    def on_ExportCommitted(self, e: ev.ExportCommitted, ck: Any) -> None:
+        if ck is not None:
+            super().on_ExportCommitted(e, ck)
 
 
 class ForgetsWaitingGroups(Rules):
     """Neither the export's commit nor the timeout ends a wait."""
 
-    def on_Tick(self, e: ev.Tick) -> None:
+    def on_Tick(self, e: ev.Tick, _: None) -> None:
         pass
 
     def _restart_from(self, g: GroupSlot, ck: CheckpointSlot) -> None:

@@ -129,11 +129,19 @@ VARIANTS: tuple[Variant, ...] = (
                 f"{IN * 3}self._restart_from(g, ck)\n",
             ),
             (
-                "def on_ExportCommitted(self, e: ev.ExportCommitted) -> None:\n",
-                f"def on_ExportCommitted(self, e: ev.ExportCommitted) -> None:\n"
+                "def check_ExportCommitted(self, e: ev.ExportCommitted) -> CheckpointSlot:\n",
+                f"def check_ExportCommitted(self, e: ev.ExportCommitted) -> CheckpointSlot:\n"
                 f"{IN * 2}early = self.checkpoints.get(e.version)\n"
                 f"{IN * 2}if early is not None and early.record.state == CheckpointState.READY:\n"
-                f'{IN * 3}return  # already "ready"\n',
+                f'{IN * 3}return early  # already "ready"\n',
+            ),
+            (
+                "def on_ExportCommitted(self, e: ev.ExportCommitted, "
+                "ck: CheckpointSlot) -> None:\n",
+                "def on_ExportCommitted(self, e: ev.ExportCommitted, "
+                "ck: CheckpointSlot) -> None:\n"
+                f"{IN * 2}if ck.record.state == CheckpointState.READY:\n"
+                f"{IN * 3}return\n",
             ),
             (
                 "from .state import ",
@@ -207,8 +215,10 @@ VARIANTS: tuple[Variant, ...] = (
         "lease as well: the count drops below the loads still running.",
         (
             (
-                "def on_RestartLoadFailed(self, e: ev.RestartLoadFailed) -> None:\n",
-                f"def on_RestartLoadFailed(self, e: ev.RestartLoadFailed) -> None:\n"
+                "def on_RestartLoadFailed(self, e: ev.RestartLoadFailed, "
+                "found: GroupSlot | Orphan) -> None:\n",
+                "def on_RestartLoadFailed(self, e: ev.RestartLoadFailed, "
+                "found: GroupSlot | Orphan) -> None:\n"
                 f"{IN * 2}start = self.starts.get((e.group, e.incarnation))\n"
                 f"{IN * 2}if start is not None and start.lease is not None:\n"
                 f"{IN * 3}self.checkpoints[start.lease.version].record.leases -= 1\n",
@@ -231,8 +241,8 @@ VARIANTS: tuple[Variant, ...] = (
         "restarted since is marked as holding them.",
         (
             (
-                "def on_WeightsSynced(self, e: ev.WeightsSynced) -> None:\n",
-                f"def on_WeightsSynced(self, e: ev.WeightsSynced) -> None:\n"
+                "def on_WeightsSynced(self, e: ev.WeightsSynced, _: None) -> None:\n",
+                f"def on_WeightsSynced(self, e: ev.WeightsSynced, _: None) -> None:\n"
                 f"{IN * 2}current = {{n: self.groups[n].record.incarnation "
                 f"for n in e.groups if n in self.groups}}\n"
                 f"{IN * 2}e = attrs.evolve(e, groups={{**e.groups, **current}})\n",
