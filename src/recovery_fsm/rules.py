@@ -243,9 +243,7 @@ class Rules:
         elif rec.state == SwitchState.COOLDOWN:
             rec.clean_streak += 1
             if rec.cooled_down:
-                self._fire(
-                    g.recovery_machine, Label.of(Label.RECOVERY, rec.group), SwitchEvent.REENABLE
-                )
+                self._fire_switch(g, SwitchEvent.REENABLE)
                 rec.clean_streak = 0
 
     def check_ExportStarted(self, e: ev.ExportStarted) -> None:
@@ -570,9 +568,7 @@ class Rules:
     def _cool(self, g: GroupSlot) -> None:
         g.recovery.clean_streak = 0
         if g.recovery.state == SwitchState.ENABLED:
-            self._fire(
-                g.recovery_machine, Label.of(Label.RECOVERY, g.record.name), SwitchEvent.COOL
-            )
+            self._fire_switch(g, SwitchEvent.COOL)
 
     def _reap(self, ck: CheckpointSlot) -> None:
         """Move a superseded checkpoint to deletion if its guard lets it."""
