@@ -143,12 +143,17 @@ def test_pinned_export_is_not_cancelled_and_kept_when_it_lands_late(driver: Driv
     assert driver.c.checkpoint_state(2) == "superseded"
 
 
-def test_machine_guard_refuses_to_reap_leased_or_pinned() -> None:
+def test_machine_guard_keeps_a_leased_or_pinned_checkpoint_on_reap() -> None:
     for record in (CheckpointRecord(1, leases=1), CheckpointRecord(1, pinned=True)):
         m = CheckpointMachine(model=record, start_value="superseded")
-        with pytest.raises(TransitionNotAllowed):
-            m.send("reap")
+        m.send("reap")  # the graph's choice: it stays
         assert record.state == "superseded"
+    ready = CheckpointRecord(1)
+    CheckpointMachine(model=ready, start_value="ready").send("reap")
+    assert ready.state == "ready"  # still the recovery source
+    exporting = CheckpointMachine(model=CheckpointRecord(1), start_value="exporting")
+    with pytest.raises(TransitionNotAllowed):
+        exporting.send("reap")  # never offered while writing
     free = CheckpointRecord(1)
     CheckpointMachine(model=free, start_value="superseded").send("reap")
     assert free.state == "deletable"

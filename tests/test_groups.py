@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from conftest import Driver
-from statemachine.exceptions import TransitionNotAllowed
 
 from recovery_fsm import GroupView, Lease, RecoveryConfig, UnknownGroup, WrongIncarnation
 from recovery_fsm import events as ev
@@ -288,15 +287,21 @@ def test_registering_with_stale_weights_waits_for_a_sync_without_a_ready_checkpo
     assert driver.sync(3, ["g1", "g2", "g3"])[-1] == RouteTraffic("g3", 1, 3)
 
 
-def test_machine_guard_refuses_to_admit_a_stale_group() -> None:
+def test_machine_guard_admits_only_a_group_holding_the_fleet_version() -> None:
     fleet = Fleet(2)
     record = GroupRecord("g", fleet, version=1)
     m = WorkerGroupMachine(model=record, start_value="pending_weights")
-    with pytest.raises(TransitionNotAllowed):
-        m.send("admit")
+    m.send("sync")
+    assert record.state == "pending_weights"  # stale: the graph keeps it waiting
     record.version = 2
-    m.send("admit")
+    m.send("sync")
     assert record.state == "active"
+    fleet.version = 3
+    m.send("sync")
+    assert record.state == "pending_weights"  # left out of the sync: demoted
+    loading = GroupRecord("h", fleet, version=2, state="loading")
+    WorkerGroupMachine(model=loading).send("loaded")
+    assert loading.state == "pending_weights"  # loaded an older version than the fleet's
 
 
 # -- rule: process identity ------------------------------------------------------------------
@@ -546,12 +551,12 @@ def test_routing_router_driven_by_effects_alone_matches_the_serving_set() -> Non
     assert d.c.drained, d.c.outstanding()
     assert d.crossings == {
         ("create", ""),
-        ("admit", "loading"),
-        ("admit", "pending_weights"),
+        ("loaded", "loading"),
+        ("sync", "pending_weights"),
         ("fail", "active"),
         ("fail", "suspect"),
-        ("demote", "active"),
-        ("demote", "suspect"),
+        ("sync", "active"),
+        ("sync", "suspect"),
         ("stop", "active"),
         ("stop", "suspect"),
     }

@@ -395,7 +395,7 @@ def test_threads_faults_and_a_real_exporter_still_drain(tmp_path: Path) -> None:
         r["step"]
         for r in journal.records
         if r.get("event", {}).get("kind") == "WeightsSynced"
-        and any(t[1] == "admit" for t in r.get("transitions", []))
+        and any(t[1] == "sync" and t[3] == "active" for t in r.get("transitions", []))
     ]
     assert admitted_by_sync, "no sync ever admitted a relaunched process"
     # What is left is what the user keeps: pinned, no longer a recovery source.

@@ -1,5 +1,9 @@
-"""The three state machines. They hold the legal state graph and the guards that protect the
-safety rules; the rules (``rules.py``) decide which event to send and when.
+"""The three state machines. They hold the legal state graph and every choice a state can make
+on its own data: where an event has several targets, the guards pick one, so the diagrams show
+the decision. The rules (``rules.py``) decide which event to send and when.
+
+A choice that keeps the state (a self-loop such as ``sync`` on an active group that got the
+weights) changes nothing and is not journaled as a transition.
 
 Each machine keeps its state on an attrs record (python-statemachine's "model"), so guards
 read plain data and a snapshot is a copy of records. The named state sets at the end are the
@@ -51,6 +55,17 @@ class GroupRecord:
     def serves_current(self) -> bool:
         return self.version == self.fleet.version
 
+    @staticmethod
+    def may_load_checkpoints(switch_state: str) -> bool:
+        """Its immediate-recovery switch allows loading the recovery checkpoint (``switch_state``
+        is passed with the event: the switch is another machine)."""
+        return switch_state == SwitchState.ENABLED
+
+    @staticmethod
+    def checkpoint_ready(checkpoint_path: str | None) -> bool:
+        """C(v) is committed and current: ``checkpoint_path`` is its path, passed with the event."""
+        return checkpoint_path is not None
+
 
 @attrs.define(eq=False)
 class RecoveryRecord:
@@ -62,6 +77,16 @@ class RecoveryRecord:
     @property
     def cooled_down(self) -> bool:
         return self.clean_streak >= self.required_clean_syncs
+
+    def completes_streak(self) -> bool:
+        """This clean sync is the Nth in a row."""
+        return self.clean_streak + 1 >= self.required_clean_syncs
+
+    def count_clean(self) -> None:
+        self.clean_streak += 1
+
+    def restart_count(self) -> None:
+        self.clean_streak = 0
 
 
 class CheckpointMachine(StateMachine):
@@ -86,9 +111,18 @@ class CheckpointMachine(StateMachine):
     abandon = exporting.to(abandoned)
     fail = exporting.to(failed) | abandoned.to(discarded)
     cancel = exporting.to(discarded) | abandoned.to(discarded)
-    # The only way to deletion: no lease holds it and it is not pinned.
-    reap = superseded.to(deletable, cond="reapable")
+    # The only way to deletion: no lease holds it and it is not pinned. Offered when it is
+    # superseded and whenever a lease ends; a ready C(v) is still the recovery source.
+    reap = (
+        superseded.to(deletable, cond="reapable")
+        | superseded.to(superseded, unless="reapable")
+        | ready.to(ready)
+    )
     remove = deletable.to(deleted)
+
+
+# The guard of a load in place; both facts come with the event.
+_CATCH_UP = "may_load_checkpoints and checkpoint_ready"
 
 
 class WorkerGroupMachine(StateMachine):
@@ -116,16 +150,27 @@ class WorkerGroupMachine(StateMachine):
     await_checkpoint = failed.to(awaiting_checkpoint)
     load = failed.to(loading) | awaiting_checkpoint.to(loading)
     relaunch = failed.to(relaunching) | awaiting_checkpoint.to(relaunching)
-    loaded_stale = loading.to(pending_weights)
-    relaunched = relaunching.to(pending_weights)
-    # A process that holds older weights loads the current checkpoint without a restart.
-    reload = pending_weights.to(loading)
-    # Re-admission is guarded: only a group holding the fleet's current weights serves.
-    admit = loading.to(active, cond="serves_current") | pending_weights.to(
-        active, cond="serves_current"
+    # A load finished: it serves if it loaded the fleet's version, else it holds stale weights
+    # (a sync landed during the load).
+    loaded = loading.to(active, cond="serves_current") | loading.to(
+        pending_weights, unless="serves_current"
     )
-    # An up group the trainer left out of a weight sync holds stale weights.
-    demote = active.to(pending_weights) | suspect.to(pending_weights)
+    relaunched = relaunching.to(pending_weights)
+    # A process that holds older weights (or none) loads C(v) in place, without a restart,
+    # if C(v) is ready and its switch allows it; otherwise it waits for the next sync.
+    reload = pending_weights.to(loading, cond=_CATCH_UP) | pending_weights.to(
+        pending_weights, unless=_CATCH_UP
+    )
+    # A weight sync, offered to every up group: only a group holding the fleet's version
+    # serves, so a waiting one is admitted and one the trainer left out is demoted.
+    sync = (
+        pending_weights.to(active, cond="serves_current")
+        | pending_weights.to(pending_weights, unless="serves_current")
+        | active.to(pending_weights, unless="serves_current")
+        | active.to(active, cond="serves_current")
+        | suspect.to(pending_weights, unless="serves_current")
+        | suspect.to(suspect, cond="serves_current")
+    )
     retire = failed.to(retired)
     stop = (
         active.to(stopped)
@@ -143,13 +188,25 @@ class ImmediateRecoveryMachine(StateMachine):
 
     enabled = State(initial=True)
     cooldown = State()
-    disabled = State(final=True)
+    # Immediate recovery off for the whole run: a start state the configuration chooses, so
+    # no transition leads to it.
+    disabled = State()
+    validate_disconnected_states = False
 
-    # A missed export or a failed immediate restart: take the cold path for a while.
-    cool = enabled.to(cooldown)
-    # Back after N consecutive clean syncs.
-    reenable = cooldown.to(enabled, cond="cooled_down")
-    disable = enabled.to(disabled) | cooldown.to(disabled)
+    # A missed export or a failed load from the checkpoint: take the cold path for a while;
+    # while cooling already, the count of clean syncs starts again.
+    cool = (
+        enabled.to(cooldown, on="restart_count")
+        | cooldown.to(cooldown, on="restart_count")
+        | disabled.to(disabled)
+    )
+    # A clean sync: counted while cooling; the Nth in a row re-enables.
+    clean_sync = (
+        cooldown.to(enabled, cond="completes_streak", on="restart_count")
+        | cooldown.to(cooldown, unless="completes_streak", on="count_clean")
+        | enabled.to(enabled)
+        | disabled.to(disabled)
+    )
 
 
 # -- names, checked against the graphs --------------------------------------------------
@@ -197,11 +254,10 @@ class GroupEvent:
     AWAIT_CHECKPOINT: Final = "await_checkpoint"
     LOAD: Final = "load"
     RELAUNCH: Final = "relaunch"
-    LOADED_STALE: Final = "loaded_stale"
+    LOADED: Final = "loaded"
     RELAUNCHED: Final = "relaunched"
     RELOAD: Final = "reload"
-    ADMIT: Final = "admit"
-    DEMOTE: Final = "demote"
+    SYNC: Final = "sync"
     RETIRE: Final = "retire"
     STOP: Final = "stop"
 
@@ -216,8 +272,7 @@ class SwitchState:
 
 class SwitchEvent:
     COOL: Final = "cool"
-    REENABLE: Final = "reenable"
-    DISABLE: Final = "disable"
+    CLEAN_SYNC: Final = "clean_sync"
 
 
 class Label:
@@ -272,7 +327,7 @@ SERVING = frozenset({GroupState.ACTIVE, GroupState.SUSPECT})
 # A group's process is up and can receive a weight push.
 UP = SERVING | {GroupState.PENDING_WEIGHTS}
 # A start of the group's process (from a checkpoint, or cold) is in flight.
-LOADING = sources(WorkerGroupMachine, GroupEvent.LOADED_STALE)
+LOADING = sources(WorkerGroupMachine, GroupEvent.LOADED)
 RELAUNCHING = sources(WorkerGroupMachine, GroupEvent.RELAUNCHED)
 # The group waits under a deadline.
 WAITING = LOADING | RELAUNCHING | {GroupState.AWAITING_CHECKPOINT}

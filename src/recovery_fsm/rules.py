@@ -63,6 +63,11 @@ Three consequences a reader may miss:
 * a commit loads C(v) in place only into processes whose switch is enabled; a cooling group
   waits for the next sync, as the cold path does.
 
+Where a state chooses among targets on its own data (the reap, a load's outcome, admission or
+demotion on a sync, a load in place, cooling, re-enabling), a rule offers the machine the event
+and the machine's guards choose (``machines.py``), so the diagrams show the choice; the rule
+then acts on the state it finds.
+
 Every event is checked completely before anything changes: ``check_<Event>`` is pure (it
 raises a typed ``RecoveryError`` or returns what the rule acts on), and ``apply`` runs the
 rule ``on_<Event>`` only after it passed, so the boundary between checking and changing is
@@ -218,10 +223,7 @@ class Rules:
             if r.state in UP:
                 if e.groups.get(r.name) == r.incarnation:
                     r.version = e.version
-                    if r.state == GroupState.PENDING_WEIGHTS:
-                        self._fire_group(g, GroupEvent.ADMIT)
-                elif r.state in SERVING:
-                    self._fire_group(g, GroupEvent.DEMOTE)
+                self._fire_group(g, GroupEvent.SYNC)  # admits or demotes: the graph decides
             elif r.state == GroupState.AWAITING_CHECKPOINT:
                 # It waited for the old version's export; that checkpoint is stale now.
                 self._relaunch(g)
@@ -236,15 +238,12 @@ class Rules:
         return sync_verdict(state in COMMITTED or state == CheckpointState.DELETED)
 
     def _count_sync(self, g: GroupSlot, missed: bool) -> None:
-        """A missed export cools immediate recovery down; N clean syncs in a row end it."""
-        rec = g.recovery
+        """A missed export cools immediate recovery down; N clean syncs in a row end it (the
+        switch counts them)."""
         if missed:
             self._cool(g)
-        elif rec.state == SwitchState.COOLDOWN:
-            rec.clean_streak += 1
-            if rec.cooled_down:
-                self._fire_switch(g, SwitchEvent.REENABLE)
-                rec.clean_streak = 0
+        else:
+            self._fire_switch(g, SwitchEvent.CLEAN_SYNC)
 
     def check_ExportStarted(self, e: ev.ExportStarted) -> None:
         self._require_open(e)
@@ -280,7 +279,7 @@ class Rules:
         elif ck.record.state == CheckpointState.READY:
             for g in self._awaiting():
                 self._restart_from(g, ck)
-            for g in list(self.groups.values()):
+            for g in self._pending():
                 self._catch_up(g)
 
     def check_ExportFailed(self, e: ev.ExportFailed) -> CheckpointSlot:
@@ -421,11 +420,9 @@ class Rules:
         lease = self._end_start(g)
         assert lease is not None
         g.record.version = lease.version
-        if g.record.serves_current:
-            self._fire_group(g, GroupEvent.ADMIT)
-        else:  # a sync landed during the load: catch up from its checkpoint if ready
-            self._fire_group(g, GroupEvent.LOADED_STALE)
-            self._catch_up(g)
+        self._fire_group(g, GroupEvent.LOADED)  # serves, or holds stale weights
+        if g.record.state == GroupState.PENDING_WEIGHTS:
+            self._catch_up(g)  # a sync landed during the load
 
     def check_RestartLoadFailed(self, e: ev.RestartLoadFailed) -> GroupSlot | Orphan:
         return self._current(e, LOADING)
@@ -517,30 +514,37 @@ class Rules:
         self._emit(fx.RestartFromCheckpoint(r.name, r.incarnation, lease.version, ck.record.path))
 
     def _catch_up(self, g: GroupSlot) -> None:
-        """A process up with older weights (or none) loads C(v) in place, without a restart,
-        once C(v) is ready and its switch allows loading from checkpoints; leased as a
-        restart's load is, and under a new incarnation, so that an earlier report about
-        that process can never pass for this load's outcome. Otherwise it waits for the
-        next sync's push."""
+        """Offer a process up with older weights (or none) C(v): the graph loads it in place,
+        without a restart, if C(v) is ready and the switch allows it, or keeps it waiting
+        for the next sync's push. The load is leased as a restart's is, and runs under a new
+        incarnation, so that an earlier report about that process can never pass for this
+        load's outcome."""
         r = g.record
-        ck = self.checkpoints.get(self.fleet.version)
-        if (
-            r.state != GroupState.PENDING_WEIGHTS
-            or g.recovery.state != SwitchState.ENABLED
-            or ck is None
-            or ck.record.state != CheckpointState.READY
-        ):
+        ck = self._recovery_source()
+        self._fire_group(
+            g,
+            GroupEvent.RELOAD,
+            switch_state=g.recovery.state,
+            checkpoint_path=None if ck is None else ck.record.path,
+        )
+        if r.state != GroupState.LOADING:
             return
-        assert ck.record.path is not None
+        assert ck is not None and ck.record.path is not None
         previous = r.incarnation
         self._next_incarnation(g)  # the same process, renumbered (no restart is counted)
         lease = Lease(r.name, r.incarnation, ck.record.version, self.fleet.version)
         self.starts[(r.name, r.incarnation)] = Start("load", lease)
         ck.record.leases += 1
-        self._fire_group(g, GroupEvent.RELOAD)
         self._emit(
             fx.LoadCheckpoint(r.name, r.incarnation, lease.version, ck.record.path, previous)
         )
+
+    def _recovery_source(self) -> CheckpointSlot | None:
+        """C(v) of the fleet's version, if it is ready: the only checkpoint to recover from."""
+        ck = self.checkpoints.get(self.fleet.version)
+        if ck is None or ck.record.state != CheckpointState.READY:
+            return None
+        return ck
 
     def _relaunch(self, g: GroupSlot) -> None:
         r = self._next_incarnation(g)
@@ -566,14 +570,12 @@ class Rules:
         return start.lease
 
     def _cool(self, g: GroupSlot) -> None:
-        g.recovery.clean_streak = 0
-        if g.recovery.state == SwitchState.ENABLED:
-            self._fire_switch(g, SwitchEvent.COOL)
+        self._fire_switch(g, SwitchEvent.COOL)
 
     def _reap(self, ck: CheckpointSlot) -> None:
-        """Move a superseded checkpoint to deletion if its guard lets it."""
-        if ck.record.state == CheckpointState.SUPERSEDED and ck.record.reapable:
-            self._fire_ck(ck, CheckpointEvent.REAP)
+        """Offer the checkpoint deletion; its graph's guard decides (no lease, not pinned)."""
+        self._fire_ck(ck, CheckpointEvent.REAP)
+        if ck.record.state == CheckpointState.DELETABLE:
             assert ck.record.path is not None
             self._emit(fx.DeleteCheckpoint(ck.record.version, ck.record.path))
 
@@ -586,11 +588,13 @@ class Rules:
             del self.finished[min(self.finished)]
 
     def _awaiting(self) -> Iterator[GroupSlot]:
-        return (
-            g
-            for g in list(self.groups.values())
-            if g.record.state == GroupState.AWAITING_CHECKPOINT
-        )
+        return self._in_state(GroupState.AWAITING_CHECKPOINT)
+
+    def _pending(self) -> Iterator[GroupSlot]:
+        return self._in_state(GroupState.PENDING_WEIGHTS)
+
+    def _in_state(self, state: str) -> Iterator[GroupSlot]:
+        return (g for g in list(self.groups.values()) if g.record.state == state)
 
     # -- what is outstanding -----------------------------------------------------------------
 
@@ -698,11 +702,15 @@ class Rules:
 
     # -- plumbing ----------------------------------------------------------------------------
 
-    def _fire(self, machine: StateMachine, label: str, event: str) -> None:
+    def _fire(self, machine: StateMachine, label: str, event: str, **facts: Any) -> None:
+        """Send ``event``; where its graph offers several targets, the guards choose (``facts``
+        are what a guard needs from another machine). A choice that keeps the state is not
+        a transition and is not recorded."""
         model = machine.model  # the record; cheaper to read than the machine's configuration
         source = model.state
-        machine.send(event)
-        self.transitions.append((label, event, source, model.state))
+        machine.send(event, **facts)
+        if model.state != source:
+            self.transitions.append((label, event, source, model.state))
 
     def _fire_switch(self, g: GroupSlot, event: str) -> None:
         self._fire(g.recovery_machine, Label.of(Label.RECOVERY, g.record.name), event)
@@ -710,11 +718,11 @@ class Rules:
     def _fire_ck(self, ck: CheckpointSlot, event: str) -> None:
         self._fire(ck.machine, Label.of(Label.CHECKPOINT, ck.record.version), event)
 
-    def _fire_group(self, g: GroupSlot, event: str) -> None:
+    def _fire_group(self, g: GroupSlot, event: str, **facts: Any) -> None:
         """Move a group; when that changes whether it may serve, tell the router."""
         r = g.record
         was_serving = r.state in SERVING
-        self._fire(g.machine, Label.of(Label.GROUP, r.name), event)
+        self._fire(g.machine, Label.of(Label.GROUP, r.name), event, **facts)
         if r.state not in WAITING:
             r.since = None
         serving = r.state in SERVING

@@ -107,9 +107,12 @@ VARIANTS: tuple[Variant, ...] = (
         "Deletes a superseded checkpoint at once, even while a restarting group loads it.",
         (
             (
-                f"and ck.record.reapable:\n{IN * 3}self._fire_ck(ck, CheckpointEvent.REAP)",
+                f'(no lease, not pinned)."""\n{IN * 2}self._fire_ck(ck, CheckpointEvent.REAP)\n',
+                f'(no lease, not pinned)."""\n'
+                f"{IN * 2}if ck.record.state == CheckpointState.SUPERSEDED "
                 f"and not ck.record.pinned:\n"
-                f"{IN * 3}ck.record.state = CheckpointState.DELETABLE  # skips the lease guard",
+                f"{IN * 3}ck.record.state = CheckpointState.DELETABLE  # skips the lease guard\n"
+                f"{IN * 2}else:\n{IN * 3}self._fire_ck(ck, CheckpointEvent.REAP)\n",
             ),
         ),
     ),
@@ -203,9 +206,8 @@ VARIANTS: tuple[Variant, ...] = (
         (
             (
                 f"{IN * 2}if missed:\n{IN * 3}self._cool(g)\n",
-                f"{IN * 2}if missed and rec.state != SwitchState.DISABLED:\n"
-                f"{IN * 3}self._fire_switch(g, SwitchEvent.DISABLE)\n"
-                f"{IN * 2}elif missed:\n{IN * 3}self._cool(g)\n",
+                f"{IN * 2}if missed:\n"
+                f"{IN * 3}g.recovery.state = SwitchState.DISABLED  # off for good\n",
             ),
         ),
     ),
@@ -255,10 +257,10 @@ VARIANTS: tuple[Variant, ...] = (
         "Demotes a group left out of a sync without telling the router.",
         (
             (
-                f"{IN * 2}self._fire(g.machine, Label.of(Label.GROUP, r.name), event)\n",
-                f"{IN * 2}self._fire(g.machine, Label.of(Label.GROUP, r.name), event)\n"
-                f"{IN * 2}if event == GroupEvent.DEMOTE:\n"
-                f"{IN * 3}return  # the router is never told\n",
+                f"{IN * 2}self._fire(g.machine, Label.of(Label.GROUP, r.name), event, **facts)\n",
+                f"{IN * 2}self._fire(g.machine, Label.of(Label.GROUP, r.name), event, **facts)\n"
+                f"{IN * 2}if event == GroupEvent.SYNC and r.state == GroupState.PENDING_WEIGHTS:\n"
+                f"{IN * 3}return  # the router is never told of a demotion\n",
             ),
         ),
     ),
@@ -279,10 +281,11 @@ VARIANTS: tuple[Variant, ...] = (
         "A missed export while already cooling down does not restart the clean-sync count.",
         (
             (
-                f"{IN * 2}g.recovery.clean_streak = 0\n"
-                f"{IN * 2}if g.recovery.state == SwitchState.ENABLED:\n",
-                f"{IN * 2}if g.recovery.state == SwitchState.ENABLED:\n"
-                f"{IN * 3}g.recovery.clean_streak = 0\n",
+                f"{IN * 2}self._fire_switch(g, SwitchEvent.COOL)\n",
+                f"{IN * 2}kept, cooling = g.recovery.clean_streak, g.recovery.state\n"
+                f"{IN * 2}self._fire_switch(g, SwitchEvent.COOL)\n"
+                f"{IN * 2}if cooling == SwitchState.COOLDOWN:\n"
+                f"{IN * 3}g.recovery.clean_streak = kept  # the count goes on across the miss\n",
             ),
         ),
     ),
@@ -292,8 +295,8 @@ VARIANTS: tuple[Variant, ...] = (
         "current checkpoint is ready (the group idles up to a whole step).",
         (
             (
-                'next sync\'s push."""\n',
-                f'next sync\'s push."""\n{IN * 2}return  # it always waits\n',
+                'load\'s outcome."""\n',
+                f'load\'s outcome."""\n{IN * 2}return  # it always waits\n',
             ),
         ),
     ),
@@ -302,8 +305,8 @@ VARIANTS: tuple[Variant, ...] = (
         "Loads the current checkpoint in place even while immediate recovery cools down.",
         (
             (
-                f"{IN * 3}or g.recovery.state != SwitchState.ENABLED\n{IN * 3}or ck is None\n",
-                f"{IN * 3}or ck is None  # the switch is not read\n",
+                f"{IN * 3}switch_state=g.recovery.state,\n",
+                f"{IN * 3}switch_state=SwitchState.ENABLED,  # the switch is not read\n",
             ),
         ),
     ),

@@ -288,4 +288,3 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--journal-dir", default=None, help="write a counterexample journal here")
     x.set_defaults(func=_explore)
     return parser
-

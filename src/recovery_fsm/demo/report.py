@@ -135,6 +135,5 @@ def render_plain(reports: Sequence[Report]) -> str:
     table = rows(reports)
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
-        for r in table
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table
     )

@@ -125,7 +125,6 @@ class Counters:
     skipped: list[tuple[int, str]] = attrs.Factory(list)  # (step, kind): no group served
 
 
-
 @attrs.frozen
 class RunResult:
     immediate: bool
@@ -379,6 +378,7 @@ def run(
     )  # fmt: skip
     rollouts = _Rollouts(rt, counters, options.request_interval_s)
     chaos = _Chaos(rt, counters, plan(options), note)
+
     def status(version: int) -> None:
         if on_status is not None:
             on_status(rt, version, options.steps)

@@ -230,7 +230,7 @@ class Ledger:
             outage.path = "waited"  # came up cold, then loaded C(v) once it was ready
         elif name == GroupEvent.RELAUNCH:
             outage.path = "cold"
-        elif name == GroupEvent.ADMIT:
+        elif target == GroupState.ACTIVE:  # admitted: after a failure, only by a load or a sync
             del self._outages[who]
             path = outage.path or "cold"
             self._keep_last(self._recoveries, Recovery(who, outage.failed_at, at, path))
