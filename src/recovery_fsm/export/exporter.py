@@ -28,6 +28,7 @@ import torch
 from .. import events as ev
 from ..errors import BadExportInput, ExportCancelledError, ExporterClosed
 from . import hf_layout
+from .canary import Canary
 from .safetensors_io import (
     DEFAULT_HASH,
     DTYPE_NAMES,
@@ -125,6 +126,7 @@ class _Job:
     handle: ExportHandle
     dtype: torch.dtype | None
     max_shard_size: int
+    canary: Canary | None
     # Set when one shard writer failed, so the others stop at their next chunk.
     abort: threading.Event = attrs.field(factory=threading.Event)
 
@@ -207,6 +209,7 @@ class AsyncHFExporter:
         pinned: bool = False,
         dtype: torch.dtype | _Unset | None = UNSET,
         max_shard_size: int | str | None = None,
+        canary: Canary | None = None,
     ) -> ExportHandle:
         """Stage ``weights`` (the caller may change them as soon as this returns) and write
         them in the background as ``<root>/step-<version>``.
@@ -218,7 +221,8 @@ class AsyncHFExporter:
         comes from ``config``, which is refused without it. ``dtype`` in ``config.json`` is
         set to the dtype of the first floating tensor on disk. ``dtype`` and
         ``max_shard_size`` override the exporter's for this export (``dtype=None`` keeps
-        each tensor's own)."""
+        each tensor's own). ``canary``: the trainer's answer on these weights
+        (``canary.of_model``), recorded in the manifest for admission."""
         export_dtype = self._dtype_for(dtype)
         shard_size = self._shard_size_for(max_shard_size)
 
@@ -232,7 +236,14 @@ class AsyncHFExporter:
             return cfg, hf_layout.generation_config_json(None, generation_config)
 
         return self._submit(
-            version, lambda: (weights, {}), configs, tokenizer, pinned, export_dtype, shard_size
+            version,
+            lambda: (weights, {}),
+            configs,
+            tokenizer,
+            pinned,
+            export_dtype,
+            shard_size,
+            _checked(canary),
         )
 
     def export_model(
@@ -245,6 +256,7 @@ class AsyncHFExporter:
         pinned: bool = False,
         dtype: torch.dtype | _Unset | None = UNSET,
         max_shard_size: int | str | None = None,
+        canary: Canary | None = None,
     ) -> ExportHandle:
         """Export a transformers model as ``save_pretrained`` would write it: tensors under
         their hub names (transformers' load-time conversions reverted), each tied group
@@ -252,7 +264,8 @@ class AsyncHFExporter:
         ``load_checkpoint`` restores), ``config.json`` with ``architectures`` and the
         ``dtype`` on disk, and ``generation_config.json`` (``generation_config``, else the
         model's own). The model and its config are not changed. For a model sharded by
-        FSDP or tensor parallelism, gather the full weights and use ``export``."""
+        FSDP or tensor parallelism, gather the full weights and use ``export``. ``canary``:
+        as for ``export``."""
         export_dtype = self._dtype_for(dtype)
         shard_size = self._shard_size_for(max_shard_size)
         if not callable(getattr(model, "state_dict", None)) or not hasattr(model, "config"):
@@ -276,6 +289,7 @@ class AsyncHFExporter:
             pinned,
             export_dtype,
             shard_size,
+            _checked(canary),
         )
 
     def _shard_size_for(self, max_shard_size: int | str | None) -> int:
@@ -296,6 +310,7 @@ class AsyncHFExporter:
         pinned: bool,
         dtype: torch.dtype | None,
         max_shard_size: int,
+        canary: Canary | None,
     ) -> ExportHandle:
         if type(version) is not int or version < 0:
             raise BadExportInput(f"version must be an int >= 0, got {version!r}")
@@ -313,7 +328,7 @@ class AsyncHFExporter:
                 raise
             handle = ExportHandle(version, Future(), threading.Event())
             job = _Job(version, tensors, aliases, buffers, config_json, gen_json, tokenizer,
-                       handle, dtype, max_shard_size)  # fmt: skip
+                       handle, dtype, max_shard_size, canary)  # fmt: skip
             with self._lock:
                 try:
                     self._check_order(version)  # again: another thread may have exported
@@ -554,6 +569,8 @@ class AsyncHFExporter:
             "tensors": tensor_meta,
             "aliases": job.aliases,
         }
+        if job.canary is not None:
+            manifest["canary"] = job.canary.to_json()
         # Written last: only a directory holding a manifest can ever be taken as committed.
         self._write_small(tmp, MANIFEST, json.dumps(manifest, indent=1) + "\n", None)
         if self._fsync:
@@ -618,6 +635,15 @@ class AsyncHFExporter:
     def _give_back_locked(self, buffers: dict[str, torch.Tensor]) -> None:
         if len(self._free_buffers) < 2:
             self._free_buffers.append(buffers)
+
+
+def _checked(canary: object) -> Canary | None:
+    if canary is not None and not isinstance(canary, Canary):
+        raise BadExportInput(
+            f"canary must be a recovery_fsm.export.canary.Canary (canary.of_model(model)), "
+            f"got {type(canary).__name__}"
+        )
+    return canary
 
 
 def _check_dtype(dtype: Any) -> None:

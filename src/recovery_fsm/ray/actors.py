@@ -172,6 +172,9 @@ class Launcher:
             engine
         )
         self._model_config = dict(model_config)
+        # Whether the engine reports the digest of what it holds (the hub layout's): an engine
+        # that fuses its parameters (vLLM) cannot, and is admitted by its canary alone.
+        self.computes_digest = bool(getattr(engine, "COMPUTES_DIGEST", True))
         self.actors_per_group = actors_per_group
         self.actor_options = dict(actor_options)
         self.call_timeout_s = call_timeout_s
@@ -189,11 +192,18 @@ class Launcher:
         return self.call_all(group, incarnation, call)
 
     def call_all(self, group: str, incarnation: int, call: Callable[[Any], Any]) -> Outcome:
+        answers = self.ask(group, incarnation, call)
+        return answers if isinstance(answers, BootFailed) else Booted(answers)
+
+    def ask(
+        self, group: str, incarnation: int, call: Callable[[Any], Any]
+    ) -> tuple[Any, ...] | BootFailed:
+        """``call`` on every actor of that process; their answers, or why there are none."""
         actors = self.table.of(group, incarnation)
         if not actors:
             return BootFailed("stopped before it started")
         try:
-            return Booted(tuple(ray.get([call(a) for a in actors], timeout=self.call_timeout_s)))
+            return tuple(ray.get([call(a) for a in actors], timeout=self.call_timeout_s))
         except Exception as err:
             first = str(err).splitlines()[0] if str(err) else ""
             return BootFailed(f"{type(err).__name__}: {first}")

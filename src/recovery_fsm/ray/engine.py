@@ -16,6 +16,8 @@ behind a load.)
 - ``boot_empty()``: start without real weights (the cold path; a weight sync follows).
 - ``update_weights(version, weights)``: take a pushed version and report the digest held.
 - ``weights()``: the version and digest held now.
+- ``canary(prompt, new_tokens)``: greedy tokens and their log-probabilities
+  (``export.canary.Answer``): admission asks every engine, after every boot, load and push.
 - ``shutdown()``: release what it holds.
 
 How the serving engines map onto it (see the README): vLLM boots empty with
@@ -35,6 +37,8 @@ from typing import Any, Protocol
 import attrs
 import ray
 import torch
+
+from ..export.canary import Answer, greedy
 
 
 @attrs.frozen
@@ -63,6 +67,7 @@ class RolloutEngine(Protocol):
     def boot_empty(self) -> WeightsHeld: ...
     def update_weights(self, version: int, weights: dict[str, torch.Tensor]) -> WeightsHeld: ...
     def weights(self) -> WeightsHeld: ...
+    def canary(self, prompt: list[int], new_tokens: int) -> Answer: ...
     def shutdown(self) -> None: ...
 
 
@@ -131,6 +136,12 @@ class ReferenceEngine:
 
     def weights(self) -> WeightsHeld:
         return self.held
+
+    def canary(self, prompt: list[int], new_tokens: int) -> Answer:
+        with self._lock:
+            if self.model is None:
+                raise RuntimeError("canary before a boot")
+            return greedy(self.model, prompt, new_tokens)
 
     def generate(self, prompt: list[int], max_new_tokens: int = 8) -> Generation:
         with self._lock:

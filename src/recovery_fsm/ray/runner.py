@@ -3,8 +3,9 @@
 Starts run on a small thread pool, one lane per group (a group's effects run in order,
 different groups at once), deletes in one lane per checkpoint; kills, routing and cancels
 run at once on the link's thread, so a ``StopGroup`` is never queued behind the hung load
-it ends. A start passes the **digest gate**: every actor must report the manifest's weights
-digest, or the start failed (never a retry loop). The runner decides nothing: it reports.
+it ends. A start from a checkpoint passes admission (``admission.py``: the digest gate where
+the engine computes digests, and the canary the manifest records), or the start failed (never
+a retry loop). The runner decides nothing: it reports.
 
 Lifecycle: ``pause`` holds new starts and deletes in their lanes (kills and routing still
 run), ``resume`` runs them in order, ``halt`` (fail-stop) runs nothing more, ``close``
@@ -28,6 +29,7 @@ from .. import effects as fx
 from .. import events as ev
 from ..export import CheckpointStore
 from ..host import EffectError, FailedEffects
+from . import admission
 from .actors import ActorTable, BootFailed, Launcher, kill
 from .reporter import Reporter
 from .router import TrafficRouter
@@ -234,7 +236,11 @@ class EffectRunner:
             self._counters.load_ends(path)
         if isinstance(outcome, BootFailed):
             return outcome.reason
-        return outcome.digest_gate(self._store.read_manifest(path)["weights_digest"])
+        manifest = self._store.read_manifest(path)
+        return admission.refusal(
+            self._launcher, g, inc, outcome,
+            digest=manifest["weights_digest"], canary=admission.manifest_canary(manifest),
+        )  # fmt: skip
 
     def _start_cold(self, g: str, inc: int) -> str | None:
         outcome = self._launcher.boot(g, inc, lambda a: a.boot_empty.remote())

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,9 +41,13 @@ import torch
 from .. import ExporterClosed, RecoveryConfig, RecoveryController, RecoveryError, Rules
 from .. import events as ev
 from ..export import AsyncHFExporter, CheckpointStore, ExportHandle, model_digest
+from ..export.canary import Canary
+from ..export.canary import check as check_canary
+from ..export.canary import of_model as canary_of
 from ..host import ControllerLink, ControllerQueries, EffectError, Link
 from ..journal import JsonlJournal
 from ..journal.ledger import PATHS, Ledger
+from . import admission
 from .actors import ActorTable, Booted, BootFailed, Launcher, kill
 from .engine import Generation, ReferenceEngine
 from .hosting import RemoteController, RemoteLink
@@ -134,6 +139,7 @@ class RecoveryRuntime:
         probe_timeout_s: float = 2.0,
         grace_s: float = 5.0,
         call_timeout_s: float = 120.0,
+        push_timeout_s: float = 30.0,
         report_timeout_s: float = 10.0,
         max_parallel: int | None = None,
         delete_attempts: int = 5,
@@ -147,6 +153,7 @@ class RecoveryRuntime:
         self.config = config or RecoveryConfig()
         self.initial_version = initial_version
         self.call_timeout_s = call_timeout_s
+        self.push_timeout_s = push_timeout_s
         self._journal = JsonlJournal(journal) if journal is not None else None
         self.ledger = Ledger()  # every record the controller journals, folded
         self.store = CheckpointStore(root)
@@ -215,6 +222,7 @@ class RecoveryRuntime:
         check_shared_root(self.store.root, self.launcher.actor_options)
         weights = ray.put(_cpu_state(model))
         digest = model_digest(model)
+        expected = canary_of(model)
         # A registered group's first process is incarnation 1 (the controller's count). The
         # groups boot at once; they register one by one, in order.
         with ThreadPoolExecutor(len(self.groups) or 1) as pool:
@@ -227,8 +235,13 @@ class RecoveryRuntime:
             pushed = self.launcher.call_all(
                 g, 1, lambda a: a.update_weights.remote(version, weights)
             )
-            if not isinstance(pushed, Booted) or pushed.digest_gate(digest):
-                raise RuntimeError(f"group {g} did not take the initial weights: {pushed}")
+            why = (
+                pushed.reason
+                if isinstance(pushed, BootFailed)
+                else admission.refusal(self.launcher, g, 1, pushed, digest=digest, canary=expected)
+            )
+            if why is not None:
+                raise RuntimeError(f"group {g} did not take the initial weights: {why}")
             self.reporter.send(ev.GroupRegistered, group=g, version=version)
             if self.controller.incarnation(g) != 1:
                 raise RuntimeError(f"the controller numbered {g}'s first process otherwise")
@@ -246,8 +259,11 @@ class RecoveryRuntime:
 
     def push(self, model: Any, version: int) -> dict[str, int]:
         """Push ``model``'s weights to every up group through the object store (one
-        ``ray.put`` shared by all) and return the incarnations whose digest matches the
-        trainer's. Reports nothing: a trainer with its own push skips this."""
+        ``ray.put`` shared by all) and return the incarnations that took them: each actor
+        answered within ``push_timeout_s`` (one bound for the whole push, however many groups
+        die or hang), reports the trainer's digest where its engine computes one, and answers
+        the canary as the trainer's model does. Reports nothing: a trainer with its own push
+        skips this."""
         self.failstop.check()
         fleet = self.controller.version
         if type(version) is not int or version <= fleet:
@@ -255,34 +271,43 @@ class RecoveryRuntime:
                 f"push of version {version!r}: it must be an int above the fleet's version "
                 f"{fleet}; nothing was pushed"
             )
+        deadline = time.monotonic() + self.push_timeout_s
         weights = ray.put(_cpu_state(model))
-        digest = model_digest(model)
+        digest = model_digest(model) if self.launcher.computes_digest else None
+        expected = canary_of(model)
         loads_before = self.counters.loads_in_place_by_group()  # before the snapshot of who is up
         up = self.controller.up_groups()
-        calls = {
-            (g, inc): [a.update_weights.remote(version, weights)
-                       for a in self.actors_table.of(g, inc)]
-            for g, inc in up.items()
-        }  # fmt: skip
-        every = [r for refs in calls.values() for r in refs]
-        # One timeout for the whole push, however many groups: a hung one costs no more.
-        done, _ = ray.wait(every, num_returns=len(every), timeout=self.call_timeout_s)
-        finished = set(done)
+        updated = _answers(
+            {(g, inc): [a.update_weights.remote(version, weights)
+                        for a in self.actors_table.of(g, inc)]
+             for g, inc in up.items()},
+            deadline,
+        )  # fmt: skip
+        took: list[tuple[str, int]] = []
+        for (g, inc), held in updated.items():
+            if isinstance(held, str):
+                log.warning("weight push of %d to %s#%d failed: %s", version, g, inc, held)
+            elif digest is not None and (wrong := Booted(held).digest_gate(digest)):
+                log.warning("weight push of %d to %s#%d refused: %s", version, g, inc, wrong)
+            else:
+                took.append((g, inc))
+        answered = _answers(
+            {(g, inc): [a.canary.remote(list(expected.prompt), len(expected.answer.tokens))
+                        for a in self.actors_table.of(g, inc)]
+             for g, inc in took},
+            deadline,
+        )  # fmt: skip
         loads_after = self.counters.loads_in_place_by_group()
         got: dict[str, int] = {}
-        for (g, inc), refs in calls.items():
-            try:
-                if not refs or not all(r in finished for r in refs):
-                    raise TimeoutError(f"no answer in {self.call_timeout_s} s")
-                held = Booted(tuple(ray.get(refs, timeout=0)))
-            except Exception as err:
-                log.warning("weight push to %s#%d failed: %s", g, inc, err)
-                continue
-            if loads_after.get(g, 0) != loads_before.get(g, 0):
+        for (g, inc), answers in answered.items():
+            why = answers if isinstance(answers, str) else _disagreement(expected, answers)
+            if why is not None:
+                log.warning("weight push of %d to %s#%d refused: %s", version, g, inc, why)
+            elif loads_after.get(g, 0) != loads_before.get(g, 0):
                 # A load in place may have replaced these weights since.
                 log.info("push of %d to %s#%d overlapped a load in place: not reported",
                          version, g, inc)  # fmt: skip
-            elif held.digest_gate(digest) is None:
+            else:
                 got[g] = inc
         return got
 
@@ -295,11 +320,14 @@ class RecoveryRuntime:
         pinned: bool = False,
         config: Any = None,
         tokenizer: Any = None,
+        canary: Canary | None = None,
     ) -> ExportHandle:
         """Report that ``groups`` (name -> incarnation) took ``version``, then export it as
         its recovery checkpoint (``pinned``: never deleted; ``tokenizer``: saved beside it).
         ``model`` is a transformers model, or full weights in the hub layout (gathered from
-        FSDP or Megatron shards) with their ``config``."""
+        FSDP or Megatron shards) with their ``config`` and ``canary``
+        (``export.canary.of_model`` on the full model: what admission compares engines with;
+        a model's own is computed here)."""
         self.failstop.check()
         if self.exporter.closed:
             raise ExporterClosed(f"synced({version}) after the runtime's exporter was closed")
@@ -309,9 +337,11 @@ class RecoveryRuntime:
         self.router.advance(version, groups)
         if isinstance(model, Mapping):
             return self.exporter.export(
-                version, model, config=config, pinned=pinned, tokenizer=tokenizer
+                version, model, config=config, pinned=pinned, tokenizer=tokenizer, canary=canary
             )
-        return self.exporter.export_model(version, model, pinned=pinned, tokenizer=tokenizer)
+        return self.exporter.export_model(
+            version, model, pinned=pinned, tokenizer=tokenizer, canary=canary_of(model)
+        )
 
     def generate(self, group: str, prompt: list[int], max_new_tokens: int = 8) -> Generation:
         """Generate on ``group``, which must be serving (``NotServing`` otherwise)."""
@@ -447,6 +477,37 @@ def _config_dict(model_config: Any) -> dict[str, Any]:
         f"model_config must be a mapping (config.to_dict()) or a transformers config, got "
         f"{type(model_config).__name__}"
     )
+
+
+def _answers(
+    calls: Mapping[tuple[str, int], list[Any]], deadline: float
+) -> dict[tuple[str, int], tuple[Any, ...] | str]:
+    """Every process's answers to its calls, or why there are none, waiting until
+    ``deadline`` at most (a dead or hung process costs no more than that)."""
+    every = [r for refs in calls.values() for r in refs]
+    timeout = max(0.0, deadline - time.monotonic())
+    done, _ = ray.wait(every, num_returns=len(every), timeout=timeout) if every else ([], [])
+    finished = set(done)
+    out: dict[tuple[str, int], tuple[Any, ...] | str] = {}
+    for key, refs in calls.items():
+        if not refs:
+            out[key] = "no actors (stopped meanwhile)"
+        elif not all(r in finished for r in refs):
+            out[key] = f"no answer by the push's deadline ({timeout:.1f} s left when it began)"
+        else:
+            try:
+                out[key] = tuple(ray.get(refs, timeout=0))
+            except Exception as err:
+                out[key] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    return out
+
+
+def _disagreement(expected: Canary, answers: tuple[Any, ...]) -> str | None:
+    for answer in answers:
+        why = check_canary(expected, answer)
+        if why is not None:
+            return why
+    return None
 
 
 def _cpu_state(model: Any) -> dict[str, torch.Tensor]:

@@ -1,0 +1,68 @@
+"""Whether a process that booted, loaded or took a push holds the weights it was given.
+
+Two gates, each where it can work: the **digest gate** (every actor reports the digest of
+the tensors it holds; only engines that keep the hub layout can compute it, so an engine
+class says whether it does with ``COMPUTES_DIGEST``) and the **canary** (every actor answers
+the canary prompt and must agree with the trainer's answer, ``export.canary``; any engine
+can). A start with neither gate available is refused: nothing would vouch for it.
+
+The verdict is the start's outcome, not a decision: a refusal is reported as a failed load
+(``RestartLoadFailed``, which cools immediate recovery) with the reason in the journal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..export.canary import Canary, CanaryError, check
+from .actors import Booted, BootFailed, Launcher
+
+
+def refusal(
+    launcher: Launcher,
+    group: str,
+    incarnation: int,
+    booted: Booted,
+    *,
+    digest: str | None,
+    canary: Canary | None,
+) -> str | None:
+    """None if the process ``(group, incarnation)`` passes every gate it can, else why not.
+    ``digest`` and ``canary``: what the weights given to it should show (None: unknown)."""
+    by_digest = digest is not None and launcher.computes_digest
+    if by_digest:
+        assert digest is not None
+        wrong = booted.digest_gate(digest)
+        if wrong is not None:
+            return wrong
+    if canary is None:
+        if by_digest:
+            return None
+        return (
+            "no admission evidence: the engine computes no digest and no canary was "
+            "recorded with these weights (export with canary=canary.of_model(model))"
+        )
+    answers = launcher.ask(
+        group,
+        incarnation,
+        lambda a: a.canary.remote(list(canary.prompt), len(canary.answer.tokens)),
+    )
+    if isinstance(answers, BootFailed):
+        return f"canary: no answer ({answers.reason})"
+    for answer in answers:
+        why = check(canary, answer)
+        if why is not None:
+            return why
+    return None
+
+
+def manifest_canary(manifest: dict[str, Any]) -> Canary | None:
+    """The canary a checkpoint's manifest records, if any. A record that is not one is a
+    corrupt checkpoint: refused, as a digest that does not match is."""
+    data = manifest.get("canary")
+    if data is None:
+        return None
+    try:
+        return Canary.from_json(data)
+    except CanaryError as err:
+        raise CanaryError(f"the manifest's canary: {err}") from err
