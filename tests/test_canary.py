@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -159,8 +160,6 @@ class NaNAfterLoadEngine(NoDigestEngine):
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
-    import time
-
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
@@ -244,3 +243,37 @@ class NaNOnPushToG1(NoDigestEngine):
             with torch.no_grad():
                 self.model.model.layers[0].self_attn.q_proj.weight[0, 0] = math.nan
         return held
+
+
+class ForgetfulEngine(ReferenceEngine):
+    """An engine whose own weight version can be lost (as a reload that reset it would)."""
+
+    def forget(self) -> None:
+        self.held = type(self.held)(None, self.held.digest)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_serving_engine_that_says_it_holds_another_version_has_failed(tmp_path: Path) -> None:
+    model = trainer()
+    journal = tmp_path / "journal.jsonl"
+    with RecoveryRuntime(
+        tmp_path / "ckpt", groups=["g0"], model_config=LlamaConfig(**CONFIG).to_dict(),
+        engine=ForgetfulEngine, journal=journal, tick_s=0.1, probe_interval_s=0.3,
+        grace_s=0.3, call_timeout_s=60.0,
+    ) as rt:  # fmt: skip
+        rt.start(model)
+        step(model)
+        rt.sync(model, 1)
+        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+        time.sleep(1.0)  # probes pass while it holds version 1
+        assert rt.controller.group("g0").incarnation == 1
+        ray.get(rt.actors("g0")[0].forget.remote())
+        wait_for(lambda: rt.controller.group("g0").incarnation == 2
+                 and rt.controller.group_state("g0") == "active", what="g0 recovered")  # fmt: skip
+    reasons = [
+        json.loads(line)["event"].get("reason")
+        for line in journal.read_text().splitlines()
+        if '"GroupFailed"' in line
+    ]
+    assert reasons == ["holds version None, not 1"]
+    assert replay(journal).ok

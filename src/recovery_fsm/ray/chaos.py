@@ -17,9 +17,9 @@ def hangable(flags: str) -> type[ReferenceEngine]:
 
     class HangableEngine(ReferenceEngine):
         @ray.method(concurrency_group="health")
-        def ping(self) -> bool:
+        def ping(self) -> int | None:
             while os.path.exists(os.path.join(flags, self.group)):
                 time.sleep(0.05)
-            return True
+            return self.held.version
 
     return HangableEngine

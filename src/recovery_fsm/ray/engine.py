@@ -2,7 +2,9 @@
 
 The runtime talks to every engine process through these calls and reads nothing else:
 
-- ``ping()``: answers while the process is healthy (a probe; it runs beside a busy load).
+- ``ping()``: answers while the process is healthy (a probe; it runs beside a busy load)
+  with the weight version the engine itself says it holds (None: none). A serving engine
+  that answers another version than the controller believes (older, or none) has failed.
 - ``watch()``: never returns; it fails the moment the process dies, so death is noticed
   without polling.
 
@@ -60,7 +62,7 @@ class Generation:
 
 
 class RolloutEngine(Protocol):
-    def ping(self) -> bool: ...
+    def ping(self) -> int | None: ...
     def watch(self) -> None: ...
     def boot_from_checkpoint(self, path: str) -> WeightsHeld: ...
     def load_checkpoint(self, path: str, incarnation: int) -> WeightsHeld: ...
@@ -91,8 +93,8 @@ class ReferenceEngine:
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
     @ray.method(concurrency_group="health")
-    def ping(self) -> bool:
-        return True
+    def ping(self) -> int | None:
+        return self.held.version
 
     @ray.method(concurrency_group="watch")
     def watch(self) -> None:

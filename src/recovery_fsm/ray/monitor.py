@@ -2,8 +2,10 @@
 
 Two ways at once: each up actor has a ``watch()`` call outstanding that fails the moment its
 process dies (reported within a tick), and every ``probe_interval_s`` the serving groups are
-pinged concurrently under one ``probe_timeout_s`` (a hang). A new process gets ``grace_s``
-before its first probe. Every ``tick_s`` it sends ``Tick``. It decides nothing: it reports.
+pinged concurrently under one ``probe_timeout_s`` (a hang); each answers the weight version it
+holds, and one that holds an older version than the controller believes, or none, has failed
+(a newer one is a push not yet reported). A new process gets ``grace_s`` before its first
+probe. Every ``tick_s`` it sends ``Tick``. It decides nothing: it reports.
 
 Its bookkeeping is one watch per actor of the groups' current processes, keyed by the actor:
 a load in place keeps it (the same process goes on under a new number, and the watch, when
@@ -24,7 +26,7 @@ import ray
 
 from .. import events as ev
 from ..host import ControllerQueries
-from .actors import ActorTable
+from .actors import ActorTable, kill
 from .reporter import Reporter
 
 log = logging.getLogger(__name__)
@@ -146,15 +148,40 @@ class HealthMonitor:
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.probe_timeout_s)
         done = set(ready)
         for (g, inc), rs in pings.items():
-            ok = all(r in done for r in rs) and all(_answered(r) for r in rs)
+            answers = [_answer(r) if r in done else _NO_ANSWER for r in rs]
+            believed = views[g].version
+            wrong = [a for a in answers if a is not _NO_ANSWER and not _holds(a, believed)]
+            if wrong:
+                # Like a start that failed its check: the process is stopped, then reported.
+                kill(self._table.take(g, inc))
+                self._reporter.report_once(
+                    ev.GroupFailed, group=g, incarnation=inc,
+                    reason=f"holds version {wrong[0]}, not {believed}",
+                )  # fmt: skip
+                continue
+            ok = _NO_ANSWER not in answers
             # Once: a retry of a result that had landed would count as a second probe.
             self._reporter.report_once(
                 ev.ProbeOk if ok else ev.ProbeFailed, group=g, incarnation=inc
             )
 
 
-def _answered(ref: Any) -> bool:
+_NO_ANSWER = object()
+
+
+def _answer(ref: Any) -> object:
     try:
-        return bool(ray.get(ref, timeout=0))
+        return ray.get(ref, timeout=0)
     except Exception:
+        return _NO_ANSWER
+
+
+def _holds(answer: object, believed: int | None) -> bool:
+    """The version an engine answers agrees with the controller's belief: the same, or
+    newer (a push the trainer has not reported yet). ``True`` from an engine that does not
+    tell its version is taken as agreement."""
+    if answer is True:
+        return True
+    if type(answer) is not int:
         return False
+    return believed is None or answer >= believed
