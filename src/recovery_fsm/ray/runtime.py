@@ -271,36 +271,31 @@ class RecoveryRuntime:
                 f"push of version {version!r}: it must be an int above the fleet's version "
                 f"{fleet}; nothing was pushed"
             )
-        deadline = time.monotonic() + self.push_timeout_s
         weights = ray.put(_cpu_state(model))
         digest = model_digest(model) if self.launcher.computes_digest else None
         expected = canary_of(model)
         loads_before = self.counters.loads_in_place_by_group()  # before the snapshot of who is up
         up = self.controller.up_groups()
-        updated = _answers(
-            {(g, inc): [a.update_weights.remote(version, weights)
-                        for a in self.actors_table.of(g, inc)]
-             for g, inc in up.items()},
-            deadline,
-        )  # fmt: skip
-        took: list[tuple[str, int]] = []
-        for (g, inc), held in updated.items():
-            if isinstance(held, str):
-                log.warning("weight push of %d to %s#%d failed: %s", version, g, inc, held)
-            elif digest is not None and (wrong := Booted(held).digest_gate(digest)):
-                log.warning("weight push of %d to %s#%d refused: %s", version, g, inc, wrong)
-            else:
-                took.append((g, inc))
+        prompt, n = list(expected.prompt), len(expected.answer.tokens)
+        deadline = time.monotonic() + self.push_timeout_s
+        # Each actor's canary is asked right behind its update (an actor runs its calls in
+        # order), so both answers come back in one round under the push's one deadline.
         answered = _answers(
-            {(g, inc): [a.canary.remote(list(expected.prompt), len(expected.answer.tokens))
-                        for a in self.actors_table.of(g, inc)]
-             for g, inc in took},
+            {(g, inc): [ref for a in self.actors_table.of(g, inc)
+                        for ref in (a.update_weights.remote(version, weights),
+                                    a.canary.remote(prompt, n))]
+             for g, inc in up.items()},
             deadline,
         )  # fmt: skip
         loads_after = self.counters.loads_in_place_by_group()
         got: dict[str, int] = {}
         for (g, inc), answers in answered.items():
-            why = answers if isinstance(answers, str) else _disagreement(expected, answers)
+            if isinstance(answers, str):
+                why: str | None = answers
+            else:
+                held, canaries = answers[0::2], answers[1::2]
+                why = None if digest is None else Booted(held).digest_gate(digest)
+                why = why or _disagreement(expected, canaries)
             if why is not None:
                 log.warning("weight push of %d to %s#%d refused: %s", version, g, inc, why)
             elif loads_after.get(g, 0) != loads_before.get(g, 0):
@@ -493,7 +488,7 @@ def _answers(
         if not refs:
             out[key] = "no actors (stopped meanwhile)"
         elif not all(r in finished for r in refs):
-            out[key] = f"no answer by the push's deadline ({timeout:.1f} s left when it began)"
+            out[key] = f"no answer within the push's bound ({timeout:.1f} s)"
         else:
             try:
                 out[key] = tuple(ray.get(refs, timeout=0))

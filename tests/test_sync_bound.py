@@ -1,0 +1,99 @@
+"""A weight sync never waits for a dead or hung engine longer than ``push_timeout_s``.
+
+The reference engine on a real local Ray cluster; one group's push dies or hangs on request
+(a flag file), with the probes running and paused (as they are while a colocated trainer
+holds the devices). The call timeout is far above the push's bound, so a push that waited for
+the call timeout would fail every assertion on how long the sync took.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray")
+torch = pytest.importorskip("torch")
+
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+
+from recovery_fsm.ray import RecoveryRuntime, ReferenceEngine  # noqa: E402
+from recovery_fsm.search.replay import replay  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+CONFIG = dict(
+    vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"],
+)  # fmt: skip
+PUSH_TIMEOUT_S = 3.0
+CALL_TIMEOUT_S = 120.0
+
+
+def push_gate(flags: str) -> type[ReferenceEngine]:
+    """An engine whose push dies (``die``) or hangs (``hang``, until the file goes) while the
+    file ``<flags>/<group>`` says so. Made in a function: Ray ships it by value."""
+
+    class PushGateEngine(ReferenceEngine):
+        def update_weights(self, version: int, weights: dict[str, Any]) -> Any:
+            flag = Path(flags) / self.group
+            if flag.exists() and flag.read_text() == "die":
+                os._exit(1)
+            while flag.exists():
+                time.sleep(0.05)
+            return super().update_weights(version, weights)
+
+    return PushGateEngine
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 90.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_a_sync_leaves_out_a_group_that_dies_or_hangs_in_the_push_within_its_bound(
+    tmp_path: Path,
+) -> None:
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG)).eval()
+    with RecoveryRuntime(
+        tmp_path / "ckpt", groups=["g0", "g1"], model_config=LlamaConfig(**CONFIG).to_dict(),
+        engine=push_gate(str(flags)), journal=tmp_path / "journal.jsonl", tick_s=0.1,
+        probe_interval_s=0.5, grace_s=0.5, call_timeout_s=CALL_TIMEOUT_S,
+        push_timeout_s=PUSH_TIMEOUT_S,
+    ) as rt:  # fmt: skip
+        rt.start(model)
+        cases = [("hang", "paused"), ("hang", "running"), ("die", "paused"), ("die", "running")]
+        for version, (fault, probes) in enumerate(cases, start=1):
+            if probes == "paused":
+                rt.monitor.pause()
+            (flags / "g1").write_text(fault)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01)
+            began = time.monotonic()
+            got = rt.sync(model, version)
+            took = time.monotonic() - began
+            (flags / "g1").unlink()
+            rt.monitor.resume()
+            assert got == {"g0": rt.controller.incarnation("g0")}, (fault, probes)
+            # Bounded by the push's timeout (plus the canary and the report), not the call's.
+            assert took < PUSH_TIMEOUT_S + 10.0 < CALL_TIMEOUT_S, (fault, probes, took)
+            assert rt.generate("g0", [1, 2]).version == version
+            # The group left out comes back on this version (a load in place of C(v), or a
+            # restart from it after its death).
+            wait_for(lambda v=version: rt.controller.group_state("g1") == "active"  # type: ignore[misc]
+                     and rt.controller.group("g1").version == v,
+                     what=f"g1 back after {fault} with probes {probes}")  # fmt: skip
+    assert replay(tmp_path / "journal.jsonl").ok
