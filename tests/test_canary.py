@@ -111,6 +111,10 @@ def test_a_near_tie_is_not_a_refusal_but_a_wrong_log_probability_is() -> None:
     assert "token 9" in (canary.check(decisive, Answer((9, 6), (-0.7, -0.1))) or "")
     assert canary.check(decisive, Answer((5, 6), (-0.7, math.nan))) is not None
     assert canary.check(decisive, Answer((5,), (-0.7,))) is not None  # too short
+    # An engine serving in bfloat16 is held to bfloat16's tolerance, not float32's.
+    assert canary.check(decisive, Answer((5, 6), (-0.75, -0.1))) is not None
+    assert canary.check(decisive, Answer((5, 6), (-0.75, -0.1), dtype="bfloat16")) is None
+    assert canary.check(decisive, Answer((5, 6), (-0.7, -0.1), dtype="int4")) is not None
 
 
 @pytest.mark.parametrize(

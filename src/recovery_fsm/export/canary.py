@@ -39,11 +39,14 @@ class CanaryError(ValueError):
 @attrs.frozen
 class Answer:
     """What a model answers to the canary prompt: greedy tokens, the log-probability of each,
-    and how far ahead of the runner-up each was (the margin; +inf if not measured)."""
+    how far ahead of the runner-up each was (the margin; empty if not measured), and the
+    dtype it computed in if the engine says (an engine may serve in another dtype than the
+    checkpoint's: vLLM's ``dtype="auto"`` serves a float32 model in bfloat16)."""
 
     tokens: tuple[int, ...]
     logprobs: tuple[float, ...]
     margins: tuple[float, ...] = ()
+    dtype: str | None = None
 
 
 @attrs.frozen
@@ -84,7 +87,7 @@ class Canary:
             )
         if dtype not in TOLERANCE:
             raise CanaryError(f"a canary computed in {dtype!r}; known: {sorted(TOLERANCE)}")
-        return cls(prompt, Answer(tokens, logprobs, margins), dtype)
+        return cls(prompt, Answer(tokens, logprobs, margins, dtype), dtype)
 
 
 def _ints(values: Sequence[Any], name: str) -> list[int]:
@@ -117,7 +120,8 @@ def greedy(model: Any, prompt: Sequence[int], new_tokens: int = NEW_TOKENS) -> A
             logprobs.append(float(top.values[0]))
             margins.append(float(top.values[0] - top.values[1]))
             ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-    return Answer(tuple(tokens), tuple(logprobs), tuple(margins))
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return Answer(tuple(tokens), tuple(logprobs), tuple(margins), dtype)
 
 
 def of_model(model: Any, new_tokens: int = NEW_TOKENS) -> Canary:
@@ -129,10 +133,13 @@ def of_model(model: Any, new_tokens: int = NEW_TOKENS) -> Canary:
     return Canary(prompt, greedy(model, prompt, new_tokens), dtype)
 
 
-def check(expected: Canary, got: Answer, served_dtype: str | None = None) -> str | None:
+def check(expected: Canary, got: Answer) -> str | None:
     """None if ``got`` agrees with ``expected``, else why not, in one line. The tolerance is
-    that of the coarser of the canary's dtype and the one served (``served_dtype``)."""
-    tol = max(TOLERANCE[expected.dtype], TOLERANCE.get(served_dtype or expected.dtype, 0.0))
+    that of the coarser of the canary's dtype and the one the engine served in."""
+    served = got.dtype or expected.dtype
+    if served not in TOLERANCE:
+        return f"canary: answered in {served}, which has no tolerance; known: {sorted(TOLERANCE)}"
+    tol = max(TOLERANCE[expected.dtype], TOLERANCE[served])
     want = expected.answer
     if len(got.tokens) < len(want.tokens) or len(got.logprobs) < len(want.tokens):
         return f"canary: answered {len(got.tokens)} tokens, expected {len(want.tokens)}"

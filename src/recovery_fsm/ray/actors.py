@@ -176,7 +176,8 @@ class Launcher:
         # that fuses its parameters (vLLM) cannot, and is admitted by its canary alone.
         self.computes_digest = bool(getattr(engine, "COMPUTES_DIGEST", True))
         self.actors_per_group = actors_per_group
-        self.actor_options = dict(actor_options)
+        # What the engine class needs of its process (vLLM: environment variables) first.
+        self.actor_options = {**getattr(engine, "ACTOR_OPTIONS", {}), **actor_options}
         self.call_timeout_s = call_timeout_s
 
     def boot(self, group: str, incarnation: int, call: Callable[[Any], Any]) -> Outcome:

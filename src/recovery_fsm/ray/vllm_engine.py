@@ -1,0 +1,237 @@
+"""vLLM as a rollout engine (extra ``[vllm]``): one ``vllm.LLM`` inside one Ray actor.
+
+The engine runs in the actor's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): no engine
+core or worker child processes, no shared-memory segments, so killing the actor (by Ray, or
+SIGKILL from outside) leaves nothing behind. vLLM's default, an engine-core process beside
+the API process, leaves its shared memory behind on a kill (measured: two segments of 160 and
+240 MB apparent size per kill on this machine); tensor parallelism needs that mode, and
+this engine does not offer it (see the README's limitations).
+
+How each call of the protocol maps onto vLLM:
+
+- ``boot_from_checkpoint(path)``: the store checks every byte against the manifest, then
+  ``LLM(model=path)`` reads the exporter's directory as it reads any Hugging Face checkpoint;
+- ``boot_empty()``: ``LLM(load_format="dummy")`` over a directory holding only the config;
+- ``load_checkpoint(path, incarnation)`` and ``update_weights(version, weights)``: vLLM's
+  own in-place reload (``model_runner.reload_weights``, through ``collective_rpc`` on a worker
+  extension, ``vllm_worker.py``) from the checkpoint's files or from the pushed tensors. vLLM's
+  weight-transfer engines need NCCL or CUDA IPC; on CPU the pushed tensors are handed to the
+  in-process worker by reference instead;
+- after each: prefix caching is off (a cached prefix computed with the old weights would be
+  served with the new ones), and the engine's own weight version is set
+  (``set_weight_version``) and read back by every ``ping``;
+- ``canary``: greedy generation with log-probabilities; the engine computes no digest of
+  what it holds (its parameters are fused and re-laid), so admission rests on the canary.
+
+A reload that raises leaves vLLM's model half loaded: the call raises, the runner kills the
+process, and the group restarts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import ray
+import torch
+
+from ..export.canary import Answer
+from .engine import Generation, WeightsHeld, manifest_version
+from .vllm_worker import shard_files
+
+# Set in the actor's process before vLLM is imported there.
+ENGINE_ENV: Mapping[str, str] = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core runs in the actor's process
+    "OMP_NUM_THREADS": "1",  # two threads on two cores made each generation 20x slower
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+# ``vllm.LLM`` arguments for small models on CPU; ``VLLMEngine.with_options`` changes them.
+DEFAULT_OPTIONS: Mapping[str, Any] = {
+    "skip_tokenizer_init": True,  # the runtime speaks token ids
+    "enforce_eager": True,  # no graph capture: on CPU it costs boot time and buys nothing
+    "enable_prefix_caching": False,
+    "max_model_len": 256,
+    "max_num_seqs": 8,
+    "max_num_batched_tokens": 256,
+    "kv_cache_memory_bytes": 32 * 2**20,
+    "disable_log_stats": True,
+    "seed": 0,
+    "dtype": "auto",
+}
+
+
+class VLLMEngine:
+    """The ``RolloutEngine`` protocol on ``vllm.LLM``; made an actor by the runtime."""
+
+    COMPUTES_DIGEST: ClassVar[bool] = False
+    # Merged under the runtime's actor options: the environment vLLM needs, set before the
+    # actor's process starts.
+    ACTOR_OPTIONS: ClassVar[Mapping[str, Any]] = {"runtime_env": {"env_vars": dict(ENGINE_ENV)}}
+    OPTIONS: ClassVar[Mapping[str, Any]] = DEFAULT_OPTIONS
+
+    @classmethod
+    def with_options(cls, **options: Any) -> type[VLLMEngine]:
+        """This engine with other ``vllm.LLM`` arguments (e.g. ``max_model_len``)."""
+        return type(cls.__name__, (cls,), {"OPTIONS": {**cls.OPTIONS, **options}})
+
+    def __init__(self, config: dict[str, Any], group: str, incarnation: int) -> None:
+        for key, value in ENGINE_ENV.items():
+            os.environ.setdefault(key, value)
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        self.config = config
+        self.group = group
+        self.incarnation = incarnation
+        self.llm: Any = None
+        self._lock = threading.Lock()  # boots, loads and generation run one at a time
+        self._forever = threading.Event()
+        self._config_dir: str | None = None
+        self.timings: dict[str, float] = {}  # seconds of the last boot's and load's phases
+
+    # -- health ------------------------------------------------------------------------------
+
+    @ray.method(concurrency_group="health")
+    def ping(self) -> int | None:
+        """The version the engine itself says it holds (``set_weight_version``)."""
+        return self._held_version()
+
+    @ray.method(concurrency_group="watch")
+    def watch(self) -> None:
+        self._forever.wait()
+
+    # -- weights -----------------------------------------------------------------------------
+
+    def boot_from_checkpoint(self, path: str) -> WeightsHeld:
+        from ..export import CheckpointStore
+
+        with self._lock:
+            began = time.perf_counter()
+            p = os.path.abspath(path)
+            CheckpointStore(os.path.dirname(p)).verify(p, full=True)  # every byte, first
+            verified = time.perf_counter()
+            version = manifest_version(path)
+            self._boot(p, load_format="auto")
+            self.timings["verify_s"] = verified - began
+            return self._set_version(version)
+
+    def boot_empty(self) -> WeightsHeld:
+        with self._lock:
+            self._config_dir = tempfile.mkdtemp(prefix="recovery-fsm-vllm-config-")
+            with open(os.path.join(self._config_dir, "config.json"), "w") as f:
+                json.dump(self.config, f)
+            self._boot(self._config_dir, load_format="dummy")
+            return self._set_version(None)
+
+    def load_checkpoint(self, path: str, incarnation: int) -> WeightsHeld:
+        from ..export import CheckpointStore
+
+        with self._lock:
+            self._require_boot("load_checkpoint")
+            began = time.perf_counter()
+            p = os.path.abspath(path)
+            CheckpointStore(os.path.dirname(p)).verify(p, full=True)
+            self.llm.collective_rpc("recovery_load_files", kwargs={"files": shard_files(p)})
+            self.timings["load_s"] = time.perf_counter() - began
+            self.incarnation = incarnation
+            return self._set_version(manifest_version(path))
+
+    def update_weights(self, version: int, weights: dict[str, torch.Tensor]) -> WeightsHeld:
+        with self._lock:
+            self._require_boot("update_weights")
+            named = list(weights.items())
+            self.llm.collective_rpc("recovery_load_tensors", kwargs={"named": named})
+            return self._set_version(version)
+
+    def weights(self) -> WeightsHeld:
+        return WeightsHeld(self._held_version(), None)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def canary(self, prompt: list[int], new_tokens: int) -> Answer:
+        tokens, logprobs = self._generate(prompt, new_tokens, until_eos=False)
+        served = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+        return Answer(tuple(tokens), tuple(logprobs), dtype=served)
+
+    def generate(self, prompt: list[int], max_new_tokens: int = 8) -> Generation:
+        tokens, _ = self._generate(prompt, max_new_tokens, until_eos=True)
+        return Generation(tokens, self._held_version(), self.group, self.incarnation)
+
+    def poison(self, name_part: str) -> str:
+        """Set one parameter to NaN inside the engine (tests of admission)."""
+        with self._lock:
+            self._require_boot("poison")
+            return str(self.llm.collective_rpc("recovery_poison", args=(name_part,))[0])
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self.llm = None
+            if self._config_dir is not None:
+                shutil.rmtree(self._config_dir, ignore_errors=True)
+                self._config_dir = None
+
+    # -- inside ------------------------------------------------------------------------------
+
+    def _boot(self, model: str, load_format: str) -> None:
+        began = time.perf_counter()
+        vllm = importlib.import_module("vllm")
+        imported = time.perf_counter()
+        self.llm = vllm.LLM(
+            model=model,
+            load_format=load_format,
+            worker_extension_cls="recovery_fsm.ray.vllm_worker.WeightLoader",
+            **self.OPTIONS,
+        )
+        booted = time.perf_counter()
+        # The first forward pass costs seconds (kernels packed, caches sized): paid here, not
+        # by the first request or the admission check.
+        self._generate_locked([0], 1, until_eos=False)
+        self.timings.update(
+            import_s=imported - began,
+            init_s=booted - imported,
+            warmup_s=time.perf_counter() - booted,
+        )
+
+    def _held_version(self) -> int | None:
+        llm = self.llm
+        return None if llm is None else _version(llm.llm_engine.get_weight_version())
+
+    def _set_version(self, version: int | None) -> WeightsHeld:
+        self.llm.llm_engine.set_weight_version("none" if version is None else str(version))
+        return WeightsHeld(version, None)
+
+    def _require_boot(self, what: str) -> None:
+        if self.llm is None:
+            raise RuntimeError(f"{what} before a boot")
+
+    def _generate(
+        self, prompt: list[int], n: int, *, until_eos: bool
+    ) -> tuple[list[int], list[float]]:
+        with self._lock:
+            self._require_boot("generate")
+            return self._generate_locked(prompt, n, until_eos=until_eos)
+
+    def _generate_locked(
+        self, prompt: list[int], n: int, *, until_eos: bool
+    ) -> tuple[list[int], list[float]]:
+        vllm = importlib.import_module("vllm")
+        params = vllm.SamplingParams(
+            temperature=0.0, max_tokens=n, logprobs=1, ignore_eos=not until_eos
+        )
+        (out,) = self.llm.generate([{"prompt_token_ids": list(prompt)}], params, use_tqdm=False)
+        done = out.outputs[0]
+        tokens = list(done.token_ids)
+        logprobs = [float(done.logprobs[i][t].logprob) for i, t in enumerate(tokens)]
+        return tokens, logprobs
+
+
+def _version(text: str) -> int | None:
+    """The engine's weight version as the runtime numbers it (None: no weights)."""
+    return int(text) if text.isdigit() else None
