@@ -1,9 +1,11 @@
 """Recovery latency, immediate vs the cold path, at three step lengths, next to its limit.
 
     .venv/bin/python benchmarks/bench_recovery.py [--steps-s 4 16 64] [--trials 3]
+        [--engine reference vllm]
 
-A local Ray cluster; two groups of one reference engine (the demo's "small" Llama, ~3M
-parameters). The trainer syncs a new version every step (one optimizer step, a push through
+A local Ray cluster; two groups of one engine each (the reference engine, or vLLM serving
+the demo's "small" Llama, ~3M parameters, in float32), one engine after the other in the
+same run. The trainer syncs a new version every step (one optimizer step, a push through
 the object store, an export). In each trial one group is killed at a point of a step spread
 evenly over the trials (1/6, 1/2, 5/6 of the step for three), after that step's export
 committed; latency runs from the kill to the moment the group is routed again holding the
@@ -15,6 +17,9 @@ journal (``Ledger``).
 The limit, measured in the same minutes as each row (one boot right before each trial's
 kill): a fresh engine actor started and loading the committed checkpoint from the page cache
 (actor creation to load returned, split into the process coming up and the verified load).
+The same boots give where a boot's time goes (process up; for vLLM the byte check, vLLM's
+import, its init with the load, the first forward pass), the canary asked of it, and a load
+in place of the same checkpoint into the running engine.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ from transformers.utils import logging as hf_logging
 
 from recovery_fsm import RecoveryConfig
 from recovery_fsm import effects as fx
-from recovery_fsm.demo.run import DemoOptions, SyntheticTrainer, model_config
-from recovery_fsm.ray import RecoveryRuntime, ReferenceEngine
+from recovery_fsm.demo.run import DemoOptions, SyntheticTrainer, engine_class, model_config
+from recovery_fsm.export import CheckpointStore
+from recovery_fsm.export.canary import Canary, check
+from recovery_fsm.ray import RecoveryRuntime
 
 
 class Clock:
@@ -60,20 +67,21 @@ class Clock:
             return (self.routed[group][0], self.routed[group][2]) if ok else None
 
 
-def run_path(work: Path, config: dict[str, Any], immediate: bool, step_s: float,
+def run_path(work: Path, config: dict[str, Any], engine: str, immediate: bool, step_s: float,
              trials: int, seed: int) -> dict[str, Any]:  # fmt: skip
     clock = Clock()
     trainer = SyntheticTrainer(config, seed)
-    tag = f"{'immediate' if immediate else 'cold'}-{step_s:g}"
+    tag = f"{engine}-{'immediate' if immediate else 'cold'}-{step_s:g}"
     (work / tag).mkdir(parents=True)
     rt = RecoveryRuntime(
         work / tag / "ckpt", groups=["g0", "g1"], model_config=config,
         config=RecoveryConfig(immediate_recovery=immediate, restart_budget=trials + 2),
         journal=work / tag / "journal.jsonl", router=clock, tick_s=0.5,
-        probe_interval_s=1.0, probe_timeout_s=2.0, grace_s=10.0,
+        probe_interval_s=1.0, probe_timeout_s=2.0, grace_s=10.0, engine=engine_class(engine),
+        call_timeout_s=300.0,
     )  # fmt: skip
     latencies: list[float] = []
-    limits: list[tuple[float, float]] = []
+    limits: list[dict[str, float]] = []
     with rt:
         rt.start(trainer.model)
         version = 1
@@ -83,7 +91,7 @@ def run_path(work: Path, config: dict[str, Any], immediate: bool, step_s: float,
             while rt.controller.checkpoint_state(version) != "ready":
                 time.sleep(0.01)
             # The limit, between steps (the trainer waits for it): C(version) is committed.
-            limits.append(boot_once(config, str(rt.store.path_for(version)), trial))
+            limits.append(boot_once(engine, config, str(rt.store.path_for(version)), trial))
             version += 1
             trainer.step()
             rt.sync(trainer.model, version)  # the trial's step starts
@@ -110,20 +118,31 @@ def run_path(work: Path, config: dict[str, Any], immediate: bool, step_s: float,
             "limit": limits}  # fmt: skip
 
 
-ENGINE = ray.remote(concurrency_groups={"health": 1, "watch": 1})(ReferenceEngine)  # type: ignore[call-overload]
-
-
-def boot_once(config: dict[str, Any], path: str, n: int) -> tuple[float, float]:
-    """A fresh engine booting a committed checkpoint that is in the page cache:
-    (process up, process up + verified load) in seconds."""
+def boot_once(engine: str, config: dict[str, Any], path: str, n: int) -> dict[str, float]:
+    """A fresh engine booting a committed checkpoint that is in the page cache; seconds of
+    each phase: ``up`` (actor created to first answer), ``boot`` (the boot call), the
+    engine's own split of it if it keeps one, ``canary`` and ``in_place`` (a load of the same
+    checkpoint into the running engine)."""
+    cls = engine_class(engine)
+    remote = ray.remote(concurrency_groups={"health": 1, "watch": 1})(cls)  # type: ignore[call-overload]
     t0 = time.monotonic()
-    actor = ENGINE.options(num_cpus=0.1).remote(config, "limit", n + 1)
+    actor = remote.options(num_cpus=0.1, **getattr(cls, "ACTOR_OPTIONS", {})).remote(
+        config, "limit", n + 1
+    )
     ray.get(actor.ping.remote())
     t1 = time.monotonic()
     ray.get(actor.boot_from_checkpoint.remote(path))
     t2 = time.monotonic()
+    expected = Canary.from_json(CheckpointStore(Path(path).parent).read_manifest(path)["canary"])
+    answer = ray.get(actor.canary.remote(list(expected.prompt), len(expected.answer.tokens)))
+    t3 = time.monotonic()
+    assert check(expected, answer) is None, check(expected, answer)
+    ray.get(actor.load_checkpoint.remote(path, n + 2))
+    t4 = time.monotonic()
+    phases = ray.get(actor.__ray_call__.remote(lambda self: dict(getattr(self, "timings", {}))))
     ray.kill(actor)
-    return t1 - t0, t2 - t0
+    return {"up": t1 - t0, "boot": t2 - t1, "canary": t3 - t2, "in_place": t4 - t3,
+            **{k: v for k, v in phases.items() if k != "load_s"}}  # fmt: skip
 
 
 def main() -> None:
@@ -132,6 +151,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--model", default="small")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine", nargs="+", choices=["reference", "vllm"],
+                        default=["reference"])  # fmt: skip
     a = parser.parse_args()
     hf_logging.disable_progress_bar()
     torch.set_num_threads(1)
@@ -144,25 +165,44 @@ def main() -> None:
     print("limit: a fresh engine + the verified load of the committed checkpoint from the page "
           "cache, measured in each row's minutes")  # fmt: skip
     print()
-    print("| step length | path | kill to serving p50 | max | limit (process up + load) "
-          "| p50 / limit | idle s per failure |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
-    rows: dict[tuple[float, bool], dict[str, Any]] = {}
-    for step_s in a.steps_s:
-        for immediate in (True, False):
-            r = run_path(work, config, immediate, step_s, a.trials, a.seed)
-            rows[(step_s, immediate)] = r
-            p50 = statistics.median(r["latency"])
-            up = statistics.median(u for u, _ in r["limit"])
-            lim = statistics.median(t for _, t in r["limit"])
-            print(f"| {step_s:g} s | {'immediate' if immediate else 'cold'} | {p50:.2f} s | "
-                  f"{max(r['latency']):.2f} s | {lim:.2f} s ({up:.2f} + {lim - up:.2f}) | "
-                  f"{p50 / lim:.2f}x | {r['idle_per_failure']:.2f} |", flush=True)  # fmt: skip
+    print("| engine | step length | path | kill to serving p50 | max | limit (process up + "
+          "load) | p50 / limit | idle s per failure |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    rows: dict[tuple[str, float, bool], dict[str, Any]] = {}
+    for engine in a.engine:
+        for step_s in a.steps_s:
+            for immediate in (True, False):
+                r = run_path(work, config, engine, immediate, step_s, a.trials, a.seed)
+                rows[(engine, step_s, immediate)] = r
+                p50 = statistics.median(r["latency"])
+                up = statistics.median(b["up"] for b in r["limit"])
+                lim = statistics.median(b["up"] + b["boot"] for b in r["limit"])
+                print(f"| {engine} | {step_s:g} s | {'immediate' if immediate else 'cold'} | "
+                      f"{p50:.2f} s | {max(r['latency']):.2f} s | {lim:.2f} s ({up:.2f} + "
+                      f"{lim - up:.2f}) | {p50 / lim:.2f}x | {r['idle_per_failure']:.2f} |",
+                      flush=True)  # fmt: skip
     print()
-    for step_s in a.steps_s:
-        imm, cold = rows[(step_s, True)], rows[(step_s, False)]
-        saved = 1 - imm["idle_per_failure"] / cold["idle_per_failure"]
-        print(f"step {step_s:g} s: immediate idles {saved:.0%} less per failure than cold")
+    for engine in a.engine:
+        for step_s in a.steps_s:
+            imm, cold = rows[(engine, step_s, True)], rows[(engine, step_s, False)]
+            saved = 1 - imm["idle_per_failure"] / cold["idle_per_failure"]
+            print(f"{engine}, step {step_s:g} s: immediate idles {saved:.0%} less per failure "
+                  "than cold")  # fmt: skip
+    print()
+    print("where a boot from the checkpoint goes (median of every limit boot, seconds):")
+    names = ["up", "verify_s", "import_s", "init_s", "warmup_s", "boot", "canary", "in_place"]
+    print("| engine | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for engine in a.engine:
+        boots = [b for (e, _, _), r in rows.items() if e == engine for b in r["limit"]]
+        cells = [f"{statistics.median(b[n] for b in boots):.3f}" if n in boots[0] else "-"
+                 for n in names]  # fmt: skip
+        print(f"| {engine} | " + " | ".join(cells) + " |")
+    print(
+        "(up: actor created to first answer; boot: the whole boot call, which holds verify, "
+        "import, init and warm-up where the engine splits it; in_place: a load of the same "
+        "checkpoint into the running engine)"
+    )
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
     ray.shutdown()
 

@@ -112,9 +112,16 @@ def _demo(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise Failed(f"the demo needs the extras [torch,ray,demo] ({err}); run ./scripts/demo "
                      "or pip install -e '.[torch,ray,demo]'") from err  # fmt: skip
+    if args.engine == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError as err:
+            raise Failed(f"--engine vllm needs the extra [vllm] ({err}); ./scripts/test installs "
+                         "it, or pip install -e '.[vllm]'") from err  # fmt: skip
     options = DemoOptions(
         steps=args.steps, groups=args.groups, model=args.model, step_s=args.step_s,
         chaos_rate=args.chaos_rate, seed=args.seed, out=out, hf_interval=args.hf_interval,
+        engine=args.engine,
     )  # fmt: skip
     live = {"auto": None, "on": True, "off": False}[args.live]
     outcome = main(options, baseline=args.baseline, display=Display(live=live),
@@ -252,6 +259,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--chaos-rate", type=_fraction, default=0.7,
                    help="chance of an incident in each eligible step (default 0.7)")  # fmt: skip
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--engine", choices=["reference", "vllm"], default="reference",
+                   help="transformers (reference, the default) or vLLM (extra [vllm])")  # fmt: skip
     m.add_argument("--hf-interval", type=_at_least_0, default=4,
                    help="every N versions the export is also the HF save (0: never)")  # fmt: skip
     m.add_argument("--out", default="demo-out",

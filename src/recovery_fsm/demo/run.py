@@ -28,7 +28,7 @@ from .. import GroupView, RecoveryConfig
 from .. import effects as fx
 from ..errors import RecoveryError
 from ..journal.ledger import Ledger
-from ..ray import RecoveryRuntime, Statistics
+from ..ray import RecoveryRuntime, ReferenceEngine, Statistics
 from ..trainer import RecoveryHooks
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -87,6 +87,7 @@ class DemoOptions:
     hf_interval: int = 4  # every so many versions the export is also the HF save (pinned)
     settle_s: float = 30.0  # after the last step, how long to wait for outages to end
     request_interval_s: float = 0.2  # each group's pause between rollout requests
+    engine: str = "reference"  # or "vllm"
 
 
 @attrs.frozen
@@ -374,7 +375,8 @@ def run(
     started = time.monotonic()
     rt = RecoveryRuntime(
         root, groups=groups, model_config=config, config=recovery, journal=journal,
-        router=router, tick_s=0.5, probe_interval_s=1.0, probe_timeout_s=2.0, grace_s=10.0,
+        router=router, engine=engine_class(options.engine), tick_s=0.5, probe_interval_s=1.0,
+        probe_timeout_s=2.0, grace_s=10.0,
     )  # fmt: skip
     rollouts = _Rollouts(rt, counters, options.request_interval_s)
     chaos = _Chaos(rt, counters, plan(options), note)
@@ -427,6 +429,18 @@ def run(
         rt.controller.outstanding(), len(rt.errors), leaked, kept,
         time.monotonic() - started, trainer.losses,
     )  # fmt: skip
+
+
+def engine_class(name: str) -> type:
+    """The engine a demo runs: the reference engine, or vLLM serving the trainer's float32
+    (its "auto" would serve bfloat16)."""
+    if name == "vllm":
+        from ..ray.vllm_engine import VLLMEngine
+
+        return VLLMEngine.with_options(dtype="float32")
+    if name != "reference":
+        raise ValueError(f"unknown engine {name!r}; known: reference, vllm")
+    return ReferenceEngine
 
 
 def _settled(rt: RecoveryRuntime) -> bool:
