@@ -2,13 +2,30 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import pytest
 
 from recovery_fsm import RecoveryConfig, RecoveryController
 from recovery_fsm import events as ev
 from recovery_fsm.effects import DeleteCheckpoint, Effect
+
+# A tiny Llama for the engines on Ray (the reference engine's tests).
+TINY_LLAMA: dict[str, Any] = dict(
+    vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"],
+)  # fmt: skip
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
+    """Poll ``cond`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or cond}")
+        time.sleep(0.05)
 
 
 class Driver:

@@ -11,12 +11,12 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
+from conftest import TINY_LLAMA, wait_for
 
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
@@ -30,13 +30,9 @@ from recovery_fsm.search.replay import replay  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-CONFIG = dict(
-    vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"],
-    # Weights large enough that the outputs depend on them, as a trained model's do: at the
-    # default 0.02 a tiny model answers nearly the same with any activation.
-    initializer_range=0.2,
-)  # fmt: skip
+# Weights large enough that the outputs depend on them, as a trained model's do: at the
+# default 0.02 a tiny model answers nearly the same with any activation.
+CONFIG = {**TINY_LLAMA, "initializer_range": 0.2}
 
 
 def trainer(seed: int = 0, **overrides: Any) -> Any:
@@ -161,14 +157,6 @@ class NaNAfterLoadEngine(NoDigestEngine):
         with torch.no_grad():
             self.model.model.layers[1].mlp.down_proj.weight[0, 0] = math.nan
         return held
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def step(model: Any) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import TINY_LLAMA, wait_for
 
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
@@ -31,10 +32,7 @@ from recovery_fsm.search.replay import replay  # noqa: E402
 # so this one's classes travel by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-CONFIG = dict(
-    vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"],
-)  # fmt: skip
+CONFIG = TINY_LLAMA
 
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -51,13 +49,6 @@ def step(model: Any) -> None:
         for p in model.parameters():
             p.add_(0.01)
 
-
-def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or cond}")
-        time.sleep(0.05)
 
 
 def runtime(tmp_path: Path, **kwargs: Any) -> RecoveryRuntime:

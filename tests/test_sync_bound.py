@@ -8,14 +8,16 @@ the call timeout would fail every assertion on how long the sync took.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import TINY_LLAMA
+from conftest import wait_for as _wait_for
 
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
@@ -25,13 +27,11 @@ from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 from recovery_fsm.ray import RecoveryRuntime, ReferenceEngine  # noqa: E402
 from recovery_fsm.search.replay import replay  # noqa: E402
 
+wait_for = functools.partial(_wait_for, timeout=90.0)  # engine boots take longer
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
-CONFIG = dict(
-    vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"],
-)  # fmt: skip
+CONFIG = TINY_LLAMA
 PUSH_TIMEOUT_S = 3.0
 CALL_TIMEOUT_S = 120.0
 
@@ -50,14 +50,6 @@ def push_gate(flags: str) -> type[ReferenceEngine]:
             return super().update_weights(version, weights)
 
     return PushGateEngine
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 90.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_a_sync_leaves_out_a_group_that_dies_or_hangs_in_the_push_within_its_bound(

@@ -8,17 +8,19 @@ kills. Skip locally with ``-m "not vllm"``; ``./scripts/test`` runs them always.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import wait_for as _wait_for
 
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
@@ -35,6 +37,7 @@ from recovery_fsm.ray import RecoveryRuntime  # noqa: E402
 from recovery_fsm.ray.vllm_engine import VLLMEngine  # noqa: E402
 from recovery_fsm.search.replay import replay  # noqa: E402
 
+wait_for = functools.partial(_wait_for, timeout=180.0)  # engine boots take longer
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("ray_cluster")]
 
@@ -69,14 +72,6 @@ def greedy(model: Any, prompt: list[int] = PROMPT, n: int = 8) -> list[int]:
             pad_token_id=model.generation_config.eos_token_id,
         )  # fmt: skip
     return [int(t) for t in out[0, len(prompt) :]]
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 180.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def export(root: Path, version: int, model: Any) -> str:
