@@ -13,6 +13,7 @@ one vocabulary the rules, the invariants and the search share; most are read off
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Final
 
 import attrs
@@ -315,6 +316,62 @@ def sources(machine: type[StateMachine], event: str) -> frozenset[str]:
     return frozenset(
         state.id for state in machine.states for t in state.transitions if event in t.events
     )
+
+
+@functools.cache
+def _choices(
+    machine: type[StateMachine], state: str, event: str
+) -> tuple[tuple[str, tuple[tuple[str, bool], ...] | None, tuple[str, ...]], ...]:
+    """``event``'s transitions out of ``state`` in the order the machine tries them: (target,
+    its guards as (name, negated) or None if one is not a plain name, its action names)."""
+    out = []
+    for s in machine.states:
+        if s.id != state:
+            continue
+        for t in s.transitions:
+            if event not in t.events:
+                continue
+            guards: list[tuple[str, bool]] | None = []
+            for spec in t.cond:
+                name = str(spec)
+                negated = name.startswith("!")
+                name = name.removeprefix("!")
+                if guards is not None and name.isidentifier():
+                    guards.append((name, negated))
+                else:
+                    guards = None
+            out.append((t.target.id, None if guards is None else tuple(guards),
+                        tuple(str(a) for a in t.on)))  # fmt: skip
+    return tuple(out)
+
+
+def stays(sm: StateMachine, event: str) -> bool:
+    """True when sending ``event`` would take a self-loop that runs no action: the state and
+    the record stay as they are, so the send can be skipped (a self-loop's dispatch costs as
+    much as a transition's, and a sync offers one to every group). Read off the graph and
+    the record's plain guards; anything else (a guard that takes the event's facts, no
+    transition allowed) answers False and the machine decides."""
+    model = sm.model
+    for target, guards, actions in _choices(type(sm), model.state, event):
+        if guards is None:
+            return False
+        passed = True
+        for name, negated in guards:
+            if not hasattr(model, name):
+                return False  # a guard the machine itself holds
+            value = getattr(model, name)
+            if callable(value):
+                if inspect.signature(value).parameters:
+                    return False  # it takes the event's facts
+                value = value()
+            if bool(value) == negated:
+                passed = False
+                break
+        if passed:
+            return target == model.state and not any(
+                callable(getattr(model, a, None)) for a in actions
+            )
+    return False
 
 
 def _final(machine: type[StateMachine]) -> frozenset[str]:

@@ -115,6 +115,7 @@ from .machines import (
     SwitchState,
     WorkerGroupMachine,
     sources,
+    stays,
     sync_verdict,
 )
 from .state import CheckpointSlot, GroupSlot, Lease, Start
@@ -706,6 +707,8 @@ class Rules:
         """Send ``event``; where its graph offers several targets, the guards choose (``facts``
         are what a guard needs from another machine). A choice that keeps the state is not
         a transition and is not recorded."""
+        if not facts and stays(machine, event):
+            return  # a self-loop that changes nothing: read off the graph, not dispatched
         model = machine.model  # the record; cheaper to read than the machine's configuration
         source = model.state
         machine.send(event, **facts)
