@@ -28,6 +28,12 @@ def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "") ->
         time.sleep(0.05)
 
 
+def serving(rt: Any, group: str) -> bool:
+    """``group`` is active and routed: the routing effect runs just after the transition, so
+    a test that waits for the state alone can send a request before the router knows."""
+    return rt.routes.get(group) is not None and rt.controller.group_state(group) == "active"
+
+
 class Driver:
     """A controller plus a clock; checks the invariants after every accepted event."""
 

@@ -27,6 +27,7 @@ from recovery_fsm.export import AsyncHFExporter, CheckpointStore, canary, load_m
 from recovery_fsm.export.canary import Answer, Canary, CanaryError  # noqa: E402
 from recovery_fsm.ray import RecoveryRuntime, ReferenceEngine  # noqa: E402
 from recovery_fsm.search.replay import replay  # noqa: E402
+from recovery_fsm.trainer import RecoveryHooks  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -179,17 +180,19 @@ def test_a_restart_the_canary_refuses_cools_and_the_group_comes_back_on_the_righ
         call_timeout_s=60.0,
     ) as rt:  # fmt: skip
         rt.start(model)
+        hooks = RecoveryHooks(rt)  # the trainer's own calls, canary passed through
+        hooks.before_weight_sync(1)
         step(model)
         got = rt.push(model, 1)
         assert got == {"g0": 1}
         truth = canary.of_model(model)
         if tamper == "nan-after-load":
-            rt.synced(1, got, model)
+            hooks.after_weight_sync(1, model, got)
         elif tamper == "swapped-layers":  # the manifest matches the swapped tensors
-            rt.synced(1, got, swapped(model), config=model.config, canary=truth)
+            hooks.after_weight_sync(1, swapped(model), got, config=model.config, canary=truth)
         else:  # the right tensors, a config.json of another activation
             wrong = LlamaConfig(**{**CONFIG, "hidden_act": "gelu"})
-            rt.synced(1, got, model.state_dict(), config=wrong, canary=truth)
+            hooks.after_weight_sync(1, model.state_dict(), got, config=wrong, canary=truth)
         wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
         path = rt.controller.checkpoints()[1].path or ""
         CheckpointStore(tmp_path / "ckpt").verify(path, full=True)  # every digest passes

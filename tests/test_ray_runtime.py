@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TINY_LLAMA, wait_for
+from conftest import TINY_LLAMA, serving, wait_for
 
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
@@ -41,6 +41,10 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 def trainer() -> Any:
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG)).eval()
+
+
+def _state(model: Any) -> dict[str, Any]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def step(model: Any) -> None:
@@ -95,8 +99,9 @@ def test_a_killed_group_boots_from_the_committed_checkpoint(tmp_path: Path) -> N
         assert (before.version, before.incarnation) == (1, 1)
 
         rt.kill("g0")
+        # Routed, not only active: the routing effect runs just after the transition.
         wait_for(lambda: rt.controller.group("g0").incarnation == 2
-                 and rt.controller.group_state("g0") == "active", what="g0 recovered")  # fmt: skip
+                 and rt.routes["g0"] == (2, 1), what="g0 recovered")  # fmt: skip
         after = rt.generate("g0", [1, 2, 3])
         assert (after.version, after.incarnation) == (1, 2)
         assert after.tokens == before.tokens  # the same weights, so the same greedy tokens
@@ -158,7 +163,7 @@ def test_a_group_killed_during_the_export_boots_when_it_commits(tmp_path: Path) 
         time.sleep(1.0)  # it keeps waiting: nothing else will start it
         assert rt.controller.group_state("g0") == "awaiting_checkpoint"
         release.set()
-        wait_for(lambda: rt.controller.group_state("g0") == "active", what="boot on commit")
+        wait_for(lambda: serving(rt, "g0"), what="boot on commit")
         assert rt.statistics().recoveries == {"waited": 1}  # waited for the export, then booted
         assert rt.generate("g0", [7]).version == 1
     finally:
@@ -210,7 +215,7 @@ def test_a_checkpoint_in_use_outlives_its_sync_and_stale_weights_never_serve(
         wait_for(lambda: any(e["incarnation"] == 3 and e["reason"] == "actor died"
                              for e in journal_events(tmp_path, "GroupFailed")),
                  timeout=30, what="the watch reports the death")  # fmt: skip
-        wait_for(lambda: rt.controller.group_state("g0") == "active", what="g0 serves again")
+        wait_for(lambda: serving(rt, "g0"), what="g0 serves again")
         step(model)
         assert rt.sync(model, 3).get("g0") == rt.controller.incarnation("g0")
         assert rt.generate("g0", [3]).version == 3
@@ -255,7 +260,10 @@ def test_a_push_that_overlaps_a_load_in_place_does_not_vouch_for_that_process(
     with rt:
         serving_v1(rt, model)
         step(model)
-        rt.synced(2, {"g1": 1}, model)  # g0 left out: pending; C(2) is being written
+        # The trainer's own transport delivers v2 to g1 only (g0 left out: pending; C(2) is
+        # being written), then reports it.
+        ray.get(rt.actors("g1")[0].update_weights.remote(2, _state(model)))
+        rt.synced(2, {"g1": 1}, model)
         assert rt.controller.group_state("g0") == "pending_weights"
         (flags / "g1").touch()  # g1's update of v3 will wait
         step(model)
@@ -276,7 +284,7 @@ def test_a_push_that_overlaps_a_load_in_place_does_not_vouch_for_that_process(
         # belief is the weights it really holds (C(2), loaded after the push of v3).
         assert (belief.state, belief.version, held.version) == ("pending_weights", 2, 2)
         # g0's process was watched before its load in place and is watched after it.
-        wait_for(lambda: rt.controller.group_state("g0") == "active", what="g0 serves v3")
+        wait_for(lambda: serving(rt, "g0"), what="g0 serves v3")
         rt.kill("g0")
         wait_for(lambda: any(e["group"] == "g0" and e["reason"] == "actor died"
                              for e in journal_events(tmp_path, "GroupFailed")),
@@ -352,7 +360,7 @@ def test_a_group_that_keeps_dying_is_retired_and_the_others_serve(tmp_path: Path
         rt.kill("g1")
         wait_for(lambda: rt.controller.group_state("g1") == "retired", what="retired")
         assert rt.actors("g1", rt.controller.incarnation("g1")) == []
-        assert rt.controller.group_state("g0") == "active"
+        assert serving(rt, "g0")
         assert rt.generate("g0", [1]).version == 1
         step(model)
         assert rt.sync(model, 2) == {"g0": 1}
@@ -420,7 +428,7 @@ def test_the_controller_as_a_named_actor_takes_reports_from_another_actor(
             # The reporter says g0's process is gone; the runtime here restarts it.
             verdict = ray.get(reporter.report_failure.remote(name, "g0", 1), timeout=60)
             assert verdict == "ok"
-            wait_for(lambda: rt.controller.group_state("g0") == "active"
+            wait_for(lambda: serving(rt, "g0")
                      and rt.controller.incarnation("g0") == 2, what="restart")  # fmt: skip
             assert rt.generate("g0", [2]).version == 1
             ray.kill(reporter)
@@ -451,7 +459,7 @@ def test_paused_probes_do_not_fail_a_slow_group_and_resumed_ones_do(tmp_path: Pa
         rt.monitor.pause()  # the engines are offloaded while the trainer trains
         (tmp_path / "flags" / "g0").touch()
         time.sleep(4 * (rt.monitor.probe_interval_s + rt.monitor.probe_timeout_s))
-        assert rt.controller.group_state("g0") == "active"
+        assert serving(rt, "g0")
         assert not journal_events(tmp_path, "ProbeFailed")
         rt.monitor.resume()
         wait_for(lambda: rt.controller.incarnation("g0") == 2, what="the hang is noticed")
@@ -472,7 +480,7 @@ def test_effects_held_by_a_stopped_runner_run_once_when_it_starts(tmp_path: Path
         assert rt.actors("g0", 2) == []  # held: nothing started
         assert rt.statistics().effects_in_flight >= 1
         rt.runner.resume()
-        wait_for(lambda: rt.controller.group_state("g0") == "active", what="the held restart")
+        wait_for(lambda: serving(rt, "g0"), what="the held restart")
         assert rt.statistics().effects_in_flight == 0
     assert [e["incarnation"] for e in journal_events(tmp_path, "RestartLoaded")] == [2]
     assert_replays_clean(tmp_path)

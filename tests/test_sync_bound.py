@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TINY_LLAMA
+from conftest import TINY_LLAMA, serving
 from conftest import wait_for as _wait_for
 
 ray = pytest.importorskip("ray")
@@ -85,7 +85,7 @@ def test_a_sync_leaves_out_a_group_that_dies_or_hangs_in_the_push_within_its_bou
             assert rt.generate("g0", [1, 2]).version == version
             # The group left out comes back on this version (a load in place of C(v), or a
             # restart from it after its death).
-            wait_for(lambda v=version: rt.controller.group_state("g1") == "active"  # type: ignore[misc]
+            wait_for(lambda v=version: serving(rt, "g1")  # type: ignore[misc]
                      and rt.controller.group("g1").version == v,
                      what=f"g1 back after {fault} with probes {probes}")  # fmt: skip
     assert replay(tmp_path / "journal.jsonl").ok

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import serving
 from conftest import wait_for as _wait_for
 
 ray = pytest.importorskip("ray")
@@ -145,6 +146,42 @@ def test_a_corrupt_checkpoint_is_refused_before_the_engine_reads_it(
     assert still.tokens == greedy(model) and ray.get(engine.ping.remote()) == 1
 
 
+def swapped(model: Any) -> dict[str, Any]:
+    """The model's weights with its two layers exchanged (every digest over them matches)."""
+    state = model.state_dict()
+    return {k.replace(".layers.0.", ".layers.X.").replace(".layers.1.", ".layers.0.")
+             .replace(".layers.X.", ".layers.1."): v.clone() for k, v in state.items()}  # fmt: skip
+
+
+def test_what_digests_miss_vllm_answers_and_the_canary_refuses(
+    booted: tuple[Any, Any, str], tmp_path: Path
+) -> None:
+    engine, model, path = booted
+    truth = canary.of_model(model)
+    # Swapped layers, the manifest written to match them: it passes every byte check and
+    # loads in place; its answer is another model's.
+    with AsyncHFExporter(CheckpointStore(tmp_path), report=lambda *a, **k: None) as ex:
+        bad = ex.export(4, swapped(model), config=model.config, canary=truth).result(120)
+    CheckpointStore(tmp_path).verify(bad, full=True)
+    ray.get(engine.load_checkpoint.remote(str(bad), 7))
+    answer = ray.get(engine.canary.remote(list(truth.prompt), 4))
+    assert (canary.check(truth, answer) or "").startswith("canary: step 0"), answer
+    ray.get(engine.load_checkpoint.remote(path, 8))  # back to C(1) for the other tests
+    assert canary.check(truth, ray.get(engine.canary.remote(list(truth.prompt), 4))) is None
+    # The right tensors under a config.json of another activation: vLLM builds another
+    # model from the same bytes.
+    wrong = LlamaConfig(**{**CONFIG, "hidden_act": "gelu"})
+    with AsyncHFExporter(CheckpointStore(tmp_path / "w"), report=lambda *a, **k: None) as ex:
+        odd = ex.export(5, model.state_dict(), config=wrong, canary=truth).result(120)
+    other = actor()
+    try:
+        ray.get(other.boot_from_checkpoint.remote(str(odd)), timeout=300)
+        answer = ray.get(other.canary.remote(list(truth.prompt), 4))
+        assert (canary.check(truth, answer) or "").startswith("canary: step"), answer
+    finally:
+        ray.kill(other)
+
+
 # -- a killed engine leaves nothing behind ------------------------------------------------
 
 
@@ -237,7 +274,7 @@ def test_vllm_groups_recover_from_checkpoints_refuse_what_the_canary_refuses_and
 
         # A kill: g0 boots from the committed C(1) and serves the same tokens.
         rt.kill("g0")
-        wait_for(lambda: rt.controller.incarnation("g0") == 2 and state("g0") == "active",
+        wait_for(lambda: rt.controller.incarnation("g0") == 2 and serving(rt, "g0"),
                  what="g0 from C(1)")  # fmt: skip
         again = rt.generate("g0", PROMPT)
         assert (again.tokens, again.version, again.incarnation) == (greedy(model), 1, 2)
@@ -262,7 +299,7 @@ def test_vllm_groups_recover_from_checkpoints_refuse_what_the_canary_refuses_and
         assert rt.sync(model, 3) == {"g0": rt.controller.incarnation("g0")}
         assert time.monotonic() - began < rt.push_timeout_s + 10.0
         (flags / "g1.push").unlink()
-        wait_for(lambda: state("g1") == "active" and rt.controller.group("g1").version == 3,
+        wait_for(lambda: serving(rt, "g1") and rt.controller.group("g1").version == 3,
                  what="g1 from C(3)")  # fmt: skip
         assert rt.generate("g1", PROMPT).tokens == greedy(model)
 
@@ -276,7 +313,7 @@ def test_vllm_groups_recover_from_checkpoints_refuse_what_the_canary_refuses_and
         wait_for(lambda: rt.controller.checkpoint_state(4) == "ready", what="C(4)")
         booted_as = rt.controller.incarnation("g1")
         (flags / "g1.boot").unlink()
-        wait_for(lambda: state("g1") == "active" and rt.controller.group("g1").version == 4,
+        wait_for(lambda: serving(rt, "g1") and rt.controller.group("g1").version == 4,
                  what="g1 caught up")  # fmt: skip
         caught = rt.generate("g1", PROMPT)
         assert caught.incarnation == booted_as + 1  # renumbered in place, not restarted
@@ -293,7 +330,7 @@ def test_vllm_groups_recover_from_checkpoints_refuse_what_the_canary_refuses_and
         assert time.monotonic() - began < rt.push_timeout_s + 10.0
         (flags / "g0.push").unlink()
         rt.monitor.resume()
-        wait_for(lambda: state("g0") == "active" and rt.controller.group("g0").version == 5,
+        wait_for(lambda: serving(rt, "g0") and rt.controller.group("g0").version == 5,
                  what="g0 caught up to 5")  # fmt: skip
         assert rt.generate("g0", PROMPT).tokens == greedy(model)
         stats = rt.statistics()

@@ -43,6 +43,7 @@ class HealthMonitor:
         probe_interval_s: float,
         probe_timeout_s: float,
         grace_s: float,
+        check_versions: bool = True,
     ) -> None:
         self._reporter = reporter
         self._controller = controller
@@ -51,6 +52,7 @@ class HealthMonitor:
         self.probe_interval_s = probe_interval_s
         self.probe_timeout_s = probe_timeout_s
         self.grace_s = grace_s
+        self.check_versions = check_versions
         self._stop = threading.Event()
         self._paused = threading.Event()
         self._watches: dict[Any, Any] = {}  # ObjectRef -> the actor it watches
@@ -150,7 +152,10 @@ class HealthMonitor:
         for (g, inc), rs in pings.items():
             answers = [_answer(r) if r in done else _NO_ANSWER for r in rs]
             believed = views[g].version
-            wrong = [a for a in answers if a is not _NO_ANSWER and not _holds(a, believed)]
+            wrong = [
+                a for a in answers
+                if self.check_versions and a is not _NO_ANSWER and not _holds(a, believed)
+            ]  # fmt: skip
             if wrong:
                 # Like a start that failed its check: the process is stopped, then reported.
                 kill(self._table.take(g, inc))

@@ -120,6 +120,9 @@ class RecoveryRuntime:
     config) and restarted together. ``router`` receives every routing effect.
     ``controller_actor``: a ``RecoveryControllerActor`` that hosts the controller (and its
     journal) in its own process; by default it lives here, with ``rules``.
+    ``check_versions``: a serving engine whose probe answers an older weight version than the
+    controller believes has failed. A trainer that pushes through its own transport (not
+    ``push``) must set each engine's version in that push, or turn this off.
     """
 
     def __init__(
@@ -140,6 +143,7 @@ class RecoveryRuntime:
         grace_s: float = 5.0,
         call_timeout_s: float = 120.0,
         push_timeout_s: float = 30.0,
+        check_versions: bool = True,
         report_timeout_s: float = 10.0,
         max_parallel: int | None = None,
         delete_attempts: int = 5,
@@ -197,7 +201,7 @@ class RecoveryRuntime:
         self.monitor = HealthMonitor(
             reporter=self.reporter, controller=self.controller, table=self.actors_table,
             tick_s=tick_s, probe_interval_s=probe_interval_s, probe_timeout_s=probe_timeout_s,
-            grace_s=grace_s,
+            grace_s=grace_s, check_versions=check_versions,
         )  # fmt: skip
         self.failstop.on_trip(self.runner.halt)
         self.failstop.on_trip(lambda: self.monitor.stop(timeout=0))

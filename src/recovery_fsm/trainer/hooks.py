@@ -54,6 +54,7 @@ class Runtime(Protocol):
         pinned: bool = False,
         config: Any = None,
         tokenizer: Any = None,
+        canary: Any = None,
     ) -> ExportHandle: ...
 
     def close(self) -> bool: ...
@@ -151,13 +152,16 @@ class RecoveryHooks:
         hf_save: bool = False,
         config: Any = None,
         tokenizer: Any = None,
+        canary: Any = None,
     ) -> ExportHandle:
         """Call once ``groups`` (name -> incarnation) hold ``version``: reports the sync and
         starts the asynchronous export of ``model`` (a transformers model, or full weights in
         the hub layout with their ``config``). With ``hf_save`` that export is also the
         trainer's Hugging Face save of ``version`` and is never deleted; its handle resolves
-        to the directory (``tokenizer``, if given, is saved in it too). A push that failed
-        needs no call: the next ``before_weight_sync`` starts over."""
+        to the directory (``tokenizer``, if given, is saved in it too). Full weights come
+        with their ``canary`` (``export.canary.of_model`` on the full model: what engines
+        are admitted by; a transformers model's own is computed). A push that failed needs
+        no call: the next ``before_weight_sync`` starts over."""
         with self._lock:
             self._check_open()
             if self._announced != version:
@@ -168,9 +172,11 @@ class RecoveryHooks:
         self.runtime.raise_if_stopped()
         start = self._clock()
         try:
+            extra = {} if canary is None else {"canary": canary}
             handle = self.runtime.synced(
-                version, groups, model, pinned=hf_save, config=config, tokenizer=tokenizer
-            )
+                version, groups, model, pinned=hf_save, config=config, tokenizer=tokenizer,
+                **extra,
+            )  # fmt: skip
         finally:
             self._stalled(self._clock() - start)
         with self._lock:
