@@ -168,9 +168,9 @@ def test_what_digests_miss_vllm_answers_and_the_canary_refuses(
     assert (canary.check(truth, answer) or "").startswith("canary: step 0"), answer
     ray.get(engine.load_checkpoint.remote(path, 8))  # back to C(1) for the other tests
     assert canary.check(truth, ray.get(engine.canary.remote(list(truth.prompt), 4))) is None
-    # The right tensors under a config.json of another activation: vLLM builds another
-    # model from the same bytes.
-    wrong = LlamaConfig(**{**CONFIG, "hidden_act": "gelu"})
+    # The right tensors under a config.json of another model (another norm epsilon; vLLM's
+    # Llama takes no other activation): vLLM builds another model from the same bytes.
+    wrong = LlamaConfig(**{**CONFIG, "rms_norm_eps": 1.0})
     with AsyncHFExporter(CheckpointStore(tmp_path / "w"), report=lambda *a, **k: None) as ex:
         odd = ex.export(5, model.state_dict(), config=wrong, canary=truth).result(120)
     other = actor()
