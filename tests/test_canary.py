@@ -108,6 +108,12 @@ def test_a_near_tie_is_not_a_refusal_but_a_wrong_log_probability_is() -> None:
     assert "token 9" in (canary.check(decisive, Answer((9, 6), (-0.7, -0.1))) or "")
     assert canary.check(decisive, Answer((5, 6), (-0.7, math.nan))) is not None
     assert canary.check(decisive, Answer((5,), (-0.7,))) is not None  # too short
+    # With the runner-up recorded, only it passes at a tie; the same token is compared on.
+    tied = Canary((1, 2), Answer((5, 6), (-0.7, -0.1), (1e-4, 3.0), runner_ups=(9, 4)), "float32")
+    assert canary.check(tied, Answer((9, 3), (-0.7001, -2.0))) is None
+    assert "token 8" in (canary.check(tied, Answer((8, 3), (-0.7001, -2.0))) or "")
+    assert "token 99" in (canary.check(tied, Answer((5, 99), (-0.7, -0.1))) or "")
+    assert canary.check(tied, Answer((5, 6), (-0.7, None))) is not None  # type: ignore[arg-type]
     # An engine serving in bfloat16 is held to bfloat16's tolerance, not float32's.
     assert canary.check(decisive, Answer((5, 6), (-0.75, -0.1))) is not None
     assert canary.check(decisive, Answer((5, 6), (-0.75, -0.1), dtype="bfloat16")) is None
@@ -122,11 +128,25 @@ def test_a_near_tie_is_not_a_refusal_but_a_wrong_log_probability_is() -> None:
         {"prompt": [1], "tokens": [2], "logprobs": [], "dtype": "float32"},
         {"prompt": [-1], "tokens": [2], "logprobs": [-1.0], "dtype": "float32"},
         {"prompt": [1], "tokens": [2], "logprobs": [-1.0], "dtype": "int8"},
+        {"prompt": [1], "tokens": [], "logprobs": [], "dtype": "float32"},  # checks nothing
+        {"prompt": [1], "tokens": [2], "logprobs": [float("nan")], "dtype": "float32"},
     ],
 )
 def test_a_canary_record_that_is_not_one_is_a_typed_error(record: object) -> None:
     with pytest.raises(CanaryError):
         Canary.from_json(record)
+
+
+def test_the_canary_is_taken_in_eval_mode_and_leaves_the_model_as_it_was() -> None:
+    model = trainer(hidden_dropout=0.0, attention_dropout=0.5)
+    model.train()
+    first = canary.of_model(model)
+    assert model.training  # restored
+    assert canary.of_model(model) == first  # dropout off while it answers: the same answer
+    with torch.no_grad():
+        model.model.norm.weight[0] = math.nan
+    with pytest.raises(CanaryError, match="finite"):
+        canary.of_model(model)
 
 
 def test_an_exporter_refuses_a_canary_that_is_not_one(tmp_path: Path) -> None:

@@ -68,3 +68,19 @@ def test_the_common_sync_is_skipped_and_a_real_choice_is_not() -> None:
     assert stays(enabled, "clean_sync")
     pending = WorkerGroupMachine(model=GroupRecord("g", fleet, 1), start_value="pending_weights")
     assert not stays(pending, "reload")  # its guard takes the event's facts
+
+
+def test_a_callback_on_a_self_loop_is_never_skipped() -> None:
+    @attrs.define(eq=False)
+    class Watched(GroupRecord):
+        entered: int = 0
+
+        def on_enter_active(self) -> None:  # runs on the self-loop's re-entry
+            self.entered += 1
+
+    record = Watched("g", Fleet(2), 2)
+    machine = WorkerGroupMachine(model=record, start_value="active")
+    assert not stays(machine, "sync")
+    entered = record.entered  # the machine entered its start state once already
+    machine.send("sync")
+    assert record.entered == entered + 1

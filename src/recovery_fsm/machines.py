@@ -340,24 +340,45 @@ def _choices(
                     guards.append((name, negated))
                 else:
                     guards = None
+            # Every callback a dispatch would run: the transition's, and the state's own
+            # exit and entry (a self-loop here is external: it leaves and enters again).
+            callbacks = (*t.validators, *t.before, *t.on, *t.after, *s.exit, *s.enter)
             out.append((t.target.id, None if guards is None else tuple(guards),
-                        tuple(str(a) for a in t.on)))  # fmt: skip
+                        tuple(str(a) for a in callbacks)))  # fmt: skip
     return tuple(out)
 
 
+@functools.cache
+def _runs_callbacks(
+    machine: type[StateMachine], record: type, state: str, event: str
+) -> tuple[bool, ...]:
+    """For each of ``event``'s transitions out of ``state``: whether the machine's or the
+    record's class defines one of the callbacks a dispatch of it would run."""
+    return tuple(
+        any(
+            callable(getattr(record, a, None)) or callable(getattr(machine, a, None))
+            for a in actions
+        )
+        for _, _, actions in _choices(machine, state, event)
+    )
+
+
 def stays(sm: StateMachine, event: str) -> bool:
-    """True when sending ``event`` would take a self-loop that runs no action: the state and
+    """True when sending ``event`` would take a self-loop that runs no callback: the state and
     the record stay as they are, so the send can be skipped (a self-loop's dispatch costs as
     much as a transition's, and a sync offers one to every group). Read off the graph and
-    the record's plain guards; anything else (a guard that takes the event's facts, no
-    transition allowed) answers False and the machine decides."""
+    the record's plain guards; anything else (a guard that takes the event's facts, a guard
+    or a callback the machine's or the record's class defines, no transition allowed) answers
+    False and the machine decides. Listeners are not consulted: the rules attach none."""
     model = sm.model
-    for target, guards, actions in _choices(type(sm), model.state, event):
+    choices = _choices(type(sm), model.state, event)
+    runs = _runs_callbacks(type(sm), type(model), model.state, event)
+    for (target, guards, _), callbacks in zip(choices, runs, strict=True):
         if guards is None:
             return False
         passed = True
         for name, negated in guards:
-            if not hasattr(model, name):
+            if not hasattr(model, name) or hasattr(type(sm), name):
                 return False  # a guard the machine itself holds
             value = getattr(model, name)
             if callable(value):
@@ -368,9 +389,7 @@ def stays(sm: StateMachine, event: str) -> bool:
                 passed = False
                 break
         if passed:
-            return target == model.state and not any(
-                callable(getattr(model, a, None)) for a in actions
-            )
+            return target == model.state and not callbacks
     return False
 
 

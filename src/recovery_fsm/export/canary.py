@@ -11,8 +11,9 @@ same prompt and is admitted only if it agrees (``check``).
 Agreement is exact for tokens and within a dtype-dependent tolerance for log-probabilities
 (``TOLERANCE``): two engines differ in kernels and summation order. A step whose top two
 log-probabilities the trainer saw closer than twice the tolerance is a near tie an engine may
-break either way: that step's log-probability is checked (within the tie's width if the engine
-chose the other token) and the comparison stops there, so a tie never refuses a good engine.
+break either way: an engine that picked the trainer's runner-up there, with about the same
+log-probability, passes, and the comparison stops (what follows may differ); one that picked
+the same token is compared on. So a tie never refuses a good engine.
 """
 
 from __future__ import annotations
@@ -47,15 +48,32 @@ class Answer:
     logprobs: tuple[float, ...]
     margins: tuple[float, ...] = ()
     dtype: str | None = None
+    runner_ups: tuple[int, ...] = ()  # the second-best token of each step, if measured
+
+
+def _known_dtype(_: object, __: object, dtype: str) -> None:
+    if dtype not in TOLERANCE:
+        raise CanaryError(f"a canary computed in {dtype!r}; known: {sorted(TOLERANCE)}")
+
+
+def _usable(_: object, __: object, answer: Answer) -> None:
+    """The trainer's answer must be one a check can hold an engine to."""
+    if not answer.tokens or len(answer.logprobs) != len(answer.tokens):
+        raise CanaryError("a canary needs at least one token and one log-probability each")
+    for name in ("margins", "runner_ups"):
+        if getattr(answer, name) and len(getattr(answer, name)) != len(answer.tokens):
+            raise CanaryError(f"a canary's {name} must have one entry per token")
+    if not all(math.isfinite(x) for x in (*answer.logprobs, *answer.margins)):
+        raise CanaryError("a canary's log-probabilities must be finite (the model holds NaN?)")
 
 
 @attrs.frozen
 class Canary:
     """The trainer's answer on the weights it hands out, and the prompt that produced it."""
 
-    prompt: tuple[int, ...]
-    answer: Answer
-    dtype: str  # of the weights the answer was computed on
+    prompt: tuple[int, ...] = attrs.field(validator=attrs.validators.min_len(1))
+    answer: Answer = attrs.field(validator=_usable)
+    dtype: str = attrs.field(validator=_known_dtype)  # of the weights it was computed on
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,6 +81,7 @@ class Canary:
             "tokens": list(self.answer.tokens),
             "logprobs": list(self.answer.logprobs),
             "margins": list(self.answer.margins),
+            "runner_ups": list(self.answer.runner_ups),
             "dtype": self.dtype,
         }
 
@@ -76,18 +95,15 @@ class Canary:
             tokens = tuple(_ints(data["tokens"], "tokens"))
             logprobs = tuple(float(x) for x in data["logprobs"])
             margins = tuple(float(x) for x in data.get("margins", ()))
+            runner_ups = tuple(_ints(data.get("runner_ups", []), "runner_ups"))
             dtype = str(data["dtype"])
         except KeyError as err:
             raise CanaryError(f"a canary record needs {err.args[0]!r}") from err
         except (TypeError, ValueError) as err:
             raise CanaryError(f"a canary record has a bad field: {err}") from err
-        if not prompt or len(tokens) != len(logprobs) or (margins and len(margins) != len(tokens)):
-            raise CanaryError(
-                "a canary record needs a prompt and one log-probability (and margin) per token"
-            )
-        if dtype not in TOLERANCE:
-            raise CanaryError(f"a canary computed in {dtype!r}; known: {sorted(TOLERANCE)}")
-        return cls(prompt, Answer(tokens, logprobs, margins, dtype), dtype)
+        if not prompt:
+            raise CanaryError("a canary record needs a prompt")
+        return cls(prompt, Answer(tokens, logprobs, margins, dtype, runner_ups), dtype)
 
 
 def _ints(values: Sequence[Any], name: str) -> list[int]:
@@ -105,23 +121,32 @@ def prompt_for(vocab_size: int, length: int = PROMPT_LENGTH) -> tuple[int, ...]:
 
 def greedy(model: Any, prompt: Sequence[int], new_tokens: int = NEW_TOKENS) -> Answer:
     """Greedy decoding of ``prompt`` on a transformers causal LM, one full forward per step
-    (no cache: the canary is short, and the answer must not depend on a cache's layout)."""
-    ids = torch.tensor([list(prompt)])
+    (no cache: the canary is short, and the answer must not depend on a cache's layout), in
+    eval mode (dropout off; the model's mode is restored), on the model's device."""
+    first = next(model.parameters())
+    ids = torch.tensor([list(prompt)], device=first.device)
     tokens: list[int] = []
     logprobs: list[float] = []
     margins: list[float] = []
-    with torch.no_grad():
-        for _ in range(new_tokens):
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, -1]
-            lp = torch.log_softmax(logits.float(), dim=-1)
-            top = torch.topk(lp, 2)
-            token = int(top.indices[0])
-            tokens.append(token)
-            logprobs.append(float(top.values[0]))
-            margins.append(float(top.values[0] - top.values[1]))
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return Answer(tuple(tokens), tuple(logprobs), tuple(margins), dtype)
+    runner_ups: list[int] = []
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for _ in range(new_tokens):
+                logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, -1]
+                lp = torch.log_softmax(logits.float(), dim=-1)
+                top = torch.topk(lp, 2)
+                token = int(top.indices[0])
+                tokens.append(token)
+                runner_ups.append(int(top.indices[1]))
+                logprobs.append(float(top.values[0]))
+                margins.append(float(top.values[0] - top.values[1]))
+                ids = torch.cat([ids, torch.tensor([[token]], device=first.device)], dim=1)
+    finally:
+        model.train(training)
+    dtype = str(first.dtype).removeprefix("torch.")
+    return Answer(tuple(tokens), tuple(logprobs), tuple(margins), dtype, tuple(runner_ups))
 
 
 def of_model(model: Any, new_tokens: int = NEW_TOKENS) -> Canary:
@@ -144,17 +169,22 @@ def check(expected: Canary, got: Answer) -> str | None:
     if len(got.tokens) < len(want.tokens) or len(got.logprobs) < len(want.tokens):
         return f"canary: answered {len(got.tokens)} tokens, expected {len(want.tokens)}"
     for i, (token, lp) in enumerate(zip(want.tokens, want.logprobs, strict=True)):
-        answer_lp = got.logprobs[i]
+        try:
+            answer_lp = float(got.logprobs[i])
+        except (TypeError, ValueError):
+            return f"canary: step {i} log-probability is {got.logprobs[i]!r}, not a number"
         if not math.isfinite(answer_lp):
             return f"canary: step {i} log-probability is {answer_lp} (weights hold NaN or inf?)"
         margin = want.margins[i] if want.margins else math.inf
-        if margin < 2 * tol:  # a near tie: either token is right, and what follows may differ
-            width = tol if got.tokens[i] == token else margin + tol
-            if abs(answer_lp - lp) > width:
+        if got.tokens[i] != token:
+            # Only a near tie lets an engine pick another token: the trainer's runner-up,
+            # with about the same log-probability. What follows may differ: stop there.
+            runner_up = want.runner_ups[i] if want.runner_ups else got.tokens[i]
+            if margin >= 2 * tol or got.tokens[i] != runner_up:
+                return f"canary: step {i} token {got.tokens[i]}, expected {token}"
+            if abs(answer_lp - lp) > margin + tol:
                 return f"canary: step {i} log-probability {answer_lp:.5f}, expected {lp:.5f}"
             return None
-        if got.tokens[i] != token:
-            return f"canary: step {i} token {got.tokens[i]}, expected {token}"
         if abs(answer_lp - lp) > tol:
             return (
                 f"canary: step {i} log-probability {answer_lp:.5f}, expected {lp:.5f} "
