@@ -372,7 +372,8 @@ def stays(sm: StateMachine, event: str) -> bool:
     False and the machine decides. Listeners are not consulted: the rules attach none."""
     model = sm.model
     choices = _choices(type(sm), model.state, event)
-    runs = _runs_callbacks(type(sm), type(model), model.state, event)
+    record: type = type(model)
+    runs = _runs_callbacks(type(sm), record, model.state, event)
     for (target, guards, _), callbacks in zip(choices, runs, strict=True):
         if guards is None:
             return False

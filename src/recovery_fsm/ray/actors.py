@@ -178,6 +178,13 @@ class Launcher:
         self.actors_per_group = actors_per_group
         # What the engine class needs of its process (vLLM: environment variables) first.
         self.actor_options = {**getattr(engine, "ACTOR_OPTIONS", {}), **actor_options}
+        if self.actor_options.get("max_concurrency", 1) != 1:
+            # A push asks each actor for its canary right behind its update: that holds only
+            # while the actor runs one call at a time (probes have their own threads).
+            raise ValueError(
+                f"actor_options max_concurrency={self.actor_options['max_concurrency']}: an "
+                "engine actor must run one call at a time (ping and watch have their own)"
+            )
         self.call_timeout_s = call_timeout_s
 
     def boot(self, group: str, incarnation: int, call: Callable[[Any], Any]) -> Outcome:

@@ -183,10 +183,7 @@ def _answer(ref: Any) -> object:
 
 def _holds(answer: object, believed: int | None) -> bool:
     """The version an engine answers agrees with the controller's belief: the same, or
-    newer (a push the trainer has not reported yet). ``True`` from an engine that does not
-    tell its version is taken as agreement."""
-    if answer is True:
-        return True
+    newer (a push the trainer has not reported yet)."""
     if type(answer) is not int:
-        return False
+        return answer is None and believed is None
     return believed is None or answer >= believed

@@ -257,17 +257,18 @@ class RecoveryRuntime:
         self.failstop.check()
         if self.exporter.closed:  # before anything is pushed or reported
             raise ExporterClosed(f"sync({version}) after the runtime's exporter was closed")
-        got = self.push(model, version)
-        self.synced(version, got, model)
+        expected = canary_of(model)  # once for the push and the export
+        got = self.push(model, version, canary=expected)
+        self.synced(version, got, model, canary=expected)
         return got
 
-    def push(self, model: Any, version: int) -> dict[str, int]:
+    def push(self, model: Any, version: int, *, canary: Canary | None = None) -> dict[str, int]:
         """Push ``model``'s weights to every up group through the object store (one
         ``ray.put`` shared by all) and return the incarnations that took them: each actor
         answered within ``push_timeout_s`` (one bound for the whole push, however many groups
         die or hang), reports the trainer's digest where its engine computes one, and answers
-        the canary as the trainer's model does. Reports nothing: a trainer with its own push
-        skips this."""
+        the canary as the trainer's model does (``canary``: computed here if not given).
+        Reports nothing: a trainer with its own push skips this."""
         self.failstop.check()
         fleet = self.controller.version
         if type(version) is not int or version <= fleet:
@@ -277,7 +278,7 @@ class RecoveryRuntime:
             )
         weights = ray.put(_cpu_state(model))
         digest = model_digest(model) if self.launcher.computes_digest else None
-        expected = canary_of(model)
+        expected = canary if canary is not None else canary_of(model)
         loads_before = self.counters.loads_in_place_by_group()  # before the snapshot of who is up
         up = self.controller.up_groups()
         prompt, n = list(expected.prompt), len(expected.answer.tokens)
@@ -294,12 +295,7 @@ class RecoveryRuntime:
         loads_after = self.counters.loads_in_place_by_group()
         got: dict[str, int] = {}
         for (g, inc), answers in answered.items():
-            if isinstance(answers, str):
-                why: str | None = answers
-            else:
-                held, canaries = answers[0::2], answers[1::2]
-                why = None if digest is None else Booted(held).digest_gate(digest)
-                why = why or _disagreement(expected, canaries)
+            why = answers if isinstance(answers, str) else _refusal(expected, digest, answers)
             if why is not None:
                 log.warning("weight push of %d to %s#%d refused: %s", version, g, inc, why)
             elif loads_after.get(g, 0) != loads_before.get(g, 0):
@@ -326,7 +322,7 @@ class RecoveryRuntime:
         ``model`` is a transformers model, or full weights in the hub layout (gathered from
         FSDP or Megatron shards) with their ``config`` and ``canary``
         (``export.canary.of_model`` on the full model: what admission compares engines with;
-        a model's own is computed here)."""
+        a model's own is computed here unless given)."""
         self.failstop.check()
         if self.exporter.closed:
             raise ExporterClosed(f"synced({version}) after the runtime's exporter was closed")
@@ -335,12 +331,19 @@ class RecoveryRuntime:
         self.reporter.send(ev.WeightsSynced, version=version, groups=dict(groups))
         self.router.advance(version, groups)
         if isinstance(model, Mapping):
+            if canary is None and not self.launcher.computes_digest:
+                log.warning(
+                    "synced(%d) with full weights and no canary: the engines compute no digest, "
+                    "so every restart from this checkpoint will be refused (pass canary=)",
+                    version,
+                )
             return self.exporter.export(
                 version, model, config=config, pinned=pinned, tokenizer=tokenizer, canary=canary
             )
         return self.exporter.export_model(
-            version, model, pinned=pinned, tokenizer=tokenizer, canary=canary_of(model)
-        )
+            version, model, pinned=pinned, tokenizer=tokenizer,
+            canary=canary if canary is not None else canary_of(model),
+        )  # fmt: skip
 
     def generate(self, group: str, prompt: list[int], max_new_tokens: int = 8) -> Generation:
         """Generate on ``group``, which must be serving (``NotServing`` otherwise)."""
@@ -501,11 +504,19 @@ def _answers(
     return out
 
 
-def _disagreement(expected: Canary, answers: tuple[Any, ...]) -> str | None:
-    for answer in answers:
-        why = check_canary(expected, answer)
-        if why is not None:
-            return why
+def _refusal(expected: Canary, digest: str | None, answers: tuple[Any, ...]) -> str | None:
+    """Why a process's answers to a push (update, canary, per actor) refuse it, or None. An
+    answer that is not what the protocol returns refuses that process only."""
+    held, canaries = answers[0::2], answers[1::2]
+    try:
+        if digest is not None and (wrong := Booted(held).digest_gate(digest)):
+            return wrong
+        for answer in canaries:
+            why = check_canary(expected, answer)
+            if why is not None:
+                return why
+    except Exception as err:
+        return f"an answer not in the protocol: {type(err).__name__}: {err}"
     return None
 
 

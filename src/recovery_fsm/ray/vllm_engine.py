@@ -23,8 +23,9 @@ How each call of the protocol maps onto vLLM:
 - ``canary``: greedy generation with log-probabilities; the engine computes no digest of
   what it holds (its parameters are fused and re-laid), so admission rests on the canary.
 
-A reload that raises leaves vLLM's model half loaded: the call raises, the runner kills the
-process, and the group restarts.
+A reload that raises leaves vLLM's model half loaded: the call raises. A load from a
+checkpoint then failed, and the runner kills the process; a push leaves the group out of
+the sync (demoted, it serves nothing), and its next load in place or canary decides.
 """
 
 from __future__ import annotations
@@ -161,8 +162,10 @@ class VLLMEngine:
         return Answer(tuple(tokens), tuple(logprobs), dtype=served)
 
     def generate(self, prompt: list[int], max_new_tokens: int = 8) -> Generation:
-        tokens, _ = self._generate(prompt, max_new_tokens, until_eos=True)
-        return Generation(tokens, self._held_version(), self.group, self.incarnation)
+        with self._lock:  # the tags are read with the tokens, before a push can land
+            self._require_boot("generate")
+            tokens, _ = self._generate_locked(prompt, max_new_tokens, until_eos=True)
+            return Generation(tokens, self._held_version(), self.group, self.incarnation)
 
     def poison(self, name_part: str) -> str:
         """Set one parameter to NaN inside the engine (tests of admission)."""
