@@ -66,3 +66,19 @@ def manifest_canary(manifest: dict[str, Any]) -> Canary | None:
         return Canary.from_json(data)
     except CanaryError as err:
         raise CanaryError(f"the manifest's canary: {err}") from err
+
+
+def push_refusal(expected: Canary, digest: str | None, answers: tuple[Any, ...]) -> str | None:
+    """Why a process's answers to a push (update, canary, per actor) refuse it, or None. An
+    answer that is not what the protocol returns refuses that process only."""
+    held, canaries = answers[0::2], answers[1::2]
+    try:
+        if digest is not None and (wrong := Booted(held).digest_gate(digest)):
+            return wrong
+        for answer in canaries:
+            why = check(expected, answer)
+            if why is not None:
+                return why
+    except Exception as err:
+        return f"an answer not in the protocol: {type(err).__name__}: {err}"
+    return None

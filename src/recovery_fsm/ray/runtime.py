@@ -42,13 +42,12 @@ from .. import ExporterClosed, RecoveryConfig, RecoveryController, RecoveryError
 from .. import events as ev
 from ..export import AsyncHFExporter, CheckpointStore, ExportHandle, model_digest
 from ..export.canary import Canary
-from ..export.canary import check as check_canary
 from ..export.canary import of_model as canary_of
 from ..host import ControllerLink, ControllerQueries, EffectError, Link
 from ..journal import JsonlJournal
 from ..journal.ledger import PATHS, Ledger
 from . import admission
-from .actors import ActorTable, Booted, BootFailed, Launcher, kill
+from .actors import ActorTable, BootFailed, Launcher, kill
 from .engine import Generation, ReferenceEngine
 from .hosting import RemoteController, RemoteLink
 from .monitor import HealthMonitor
@@ -295,7 +294,11 @@ class RecoveryRuntime:
         loads_after = self.counters.loads_in_place_by_group()
         got: dict[str, int] = {}
         for (g, inc), answers in answered.items():
-            why = answers if isinstance(answers, str) else _refusal(expected, digest, answers)
+            why = (
+                answers
+                if isinstance(answers, str)
+                else admission.push_refusal(expected, digest, answers)
+            )
             if why is not None:
                 log.warning("weight push of %d to %s#%d refused: %s", version, g, inc, why)
             elif loads_after.get(g, 0) != loads_before.get(g, 0):
@@ -502,22 +505,6 @@ def _answers(
             except Exception as err:
                 out[key] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     return out
-
-
-def _refusal(expected: Canary, digest: str | None, answers: tuple[Any, ...]) -> str | None:
-    """Why a process's answers to a push (update, canary, per actor) refuse it, or None. An
-    answer that is not what the protocol returns refuses that process only."""
-    held, canaries = answers[0::2], answers[1::2]
-    try:
-        if digest is not None and (wrong := Booted(held).digest_gate(digest)):
-            return wrong
-        for answer in canaries:
-            why = check_canary(expected, answer)
-            if why is not None:
-                return why
-    except Exception as err:
-        return f"an answer not in the protocol: {type(err).__name__}: {err}"
-    return None
 
 
 def _cpu_state(model: Any) -> dict[str, torch.Tensor]:
