@@ -420,7 +420,7 @@ def test_malformed_fields_are_refused_at_construction(
 # A valid value for every field an event takes positionally.
 _VALID: dict[str, object] = {
     "version": 1, "group": "g1", "incarnation": 1, "groups": {"g1": 1}, "path": "/p",
-    "error": "", "reason": "", "pinned": False,
+    "error": "", "reason": "", "pinned": False, "standby": "standby-1",
 }  # fmt: skip
 
 
@@ -511,7 +511,7 @@ def _values(cls: type[ev.Event]) -> dict[str, object]:
     plain: dict[str, object] = {
         "version": 1, "group": _Name("g1"), "incarnation": 1, "path": _Name("/p"),
         "groups": {_Name("g1"): 1}, "error": _Name("e"), "reason": _Name("r"),
-        "pinned": False, "at": _Seconds(5.0),
+        "pinned": False, "at": _Seconds(5.0), "standby": _Name("standby-1"),
     }  # fmt: skip
     return {f.name: plain[f.name] for f in attrs.fields(cls)}
 

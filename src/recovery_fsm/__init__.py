@@ -1,17 +1,21 @@
 """recovery_fsm: explicit state machines for immediate recovery of rollout worker groups."""
 
 from .config import RecoveryConfig
-from .controller import CheckpointView, GroupView, RecoveryController
+from .controller import CheckpointView, GroupView, RecoveryController, StandbyView
 from .effects import (
     CancelExport,
+    ClaimStandby,
     DeleteCheckpoint,
     Effect,
     LoadCheckpoint,
+    LoadStandby,
     RestartCold,
     RestartFromCheckpoint,
     RetireGroup,
     RouteTraffic,
+    StartStandby,
     StopGroup,
+    StopStandby,
     WithdrawTraffic,
 )
 from .errors import (
@@ -47,6 +51,9 @@ from .events import (
     RestartLoaded,
     RestartLoadFailed,
     Shutdown,
+    StandbyBooted,
+    StandbyFailed,
+    StandbyLoaded,
     Tick,
     WeightsSynced,
 )
@@ -61,6 +68,7 @@ __all__ = [
     "CheckpointDeleted",
     "CheckpointPinned",
     "CheckpointView",
+    "ClaimStandby",
     "ControllerBroken",
     "ControllerStopped",
     "CorruptCheckpoint",
@@ -80,6 +88,7 @@ __all__ = [
     "InvariantViolation",
     "Lease",
     "LoadCheckpoint",
+    "LoadStandby",
     "MalformedEvent",
     "ProbeFailed",
     "ProbeOk",
@@ -96,7 +105,13 @@ __all__ = [
     "RouteTraffic",
     "Rules",
     "Shutdown",
+    "StandbyBooted",
+    "StandbyFailed",
+    "StandbyLoaded",
+    "StandbyView",
+    "StartStandby",
     "StopGroup",
+    "StopStandby",
     "Tick",
     "UnknownGroup",
     "UnknownVersion",

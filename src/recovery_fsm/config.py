@@ -24,6 +24,10 @@ class RecoveryConfig:
     # The trainer exports after every sync: a group failing between the sync and the
     # export's start waits for it instead of going cold.
     export_every_sync: bool = attrs.field(default=True, validator=valid.flag)
+    # Warm standby engines kept booted for failed groups (0: none), and how many in a row
+    # may be lost before they ever held the fleet's weights before the pool stops refilling.
+    standby: int = attrs.field(default=0, validator=valid.count)
+    standby_boot_budget: int = attrs.field(default=3, validator=valid.positive_int)
 
     def deadline(self, wait: str) -> float:
         """Seconds a wait of kind ``wait`` (one of ``DEADLINES``) may run: the one deadline
@@ -34,6 +38,6 @@ class RecoveryConfig:
 # Each kind of wait, and the knob that bounds it.
 DEADLINES = {
     "checkpoint": "await_checkpoint_timeout_s",  # a failed group waits for C(v)'s export
-    "load": "load_timeout_s",  # a start from a checkpoint, or a load in place
-    "relaunch": "relaunch_timeout_s",  # a cold start
+    "load": "load_timeout_s",  # a start from a checkpoint, a load in place, a claim
+    "relaunch": "relaunch_timeout_s",  # a cold start; a standby's boot
 }

@@ -41,7 +41,7 @@ from .errors import (
     UnknownVersion,
 )
 from .invariants import violations
-from .machines import LOADING, RELAUNCHING, SERVING, UP
+from .machines import LOADING, RELAUNCHING, SERVING, STANDBY_FINAL, UP, StandbyState
 from .rules import FINISHED_KEPT, Rules
 from .state import Lease
 
@@ -88,6 +88,18 @@ class GroupView:
     def starting(self) -> bool:
         """A start of its process is in flight (from a checkpoint, in place, or cold)."""
         return self.state in LOADING | RELAUNCHING
+
+
+@attrs.frozen
+class StandbyView:
+    name: str
+    state: str  # booting, stale, loading or ready (handed-over and lost ones are forgotten)
+    version: int | None  # the weights it holds, if up
+
+    @property
+    def ready(self) -> bool:
+        """It holds the fleet's version: a failed group takes it as it is."""
+        return self.state == StandbyState.READY
 
 
 @attrs.frozen
@@ -298,6 +310,31 @@ class RecoveryController:
                 if g.record.state in UP
             }
 
+    def standbys(self) -> dict[str, StandbyView]:
+        """The standbys not yet handed over, lost or stopped."""
+        with self._lock:
+            return {
+                name: StandbyView(name, str(s.record.state), s.record.version)
+                for name, s in self._rules.standbys.items()
+                if s.record.state not in STANDBY_FINAL
+            }
+
+    def up_standbys(self) -> list[str]:
+        """The standbys a weight sync may push to (list each that got it in WeightsSynced
+        with incarnation 1); one claimed during the push is ignored there."""
+        with self._lock:
+            return [
+                name
+                for name, s in self._rules.standbys.items()
+                if s.record.state in {StandbyState.STALE, StandbyState.READY}
+            ]
+
+    @property
+    def pool_state(self) -> str:
+        """filling, exhausted (standbys kept failing to boot: no more are started) or closed."""
+        with self._lock:
+            return str(self._rules.pool.record.state)
+
     def lease_of(self, group: str) -> Lease | None:
         return self.group(group).lease
 
@@ -362,6 +399,12 @@ class RecoveryController:
                 "starts": {
                     f"{name}#{inc}": attrs.asdict(s) for (name, inc), s in sorted(r.starts.items())
                 },
+                "standbys": {
+                    name: attrs.asdict(s.record, filter=lambda a, _v: a.name != "fleet")
+                    for name, s in sorted(r.standbys.items())
+                },
+                "pool": attrs.asdict(r.pool.record),
+                "standby_serial": r.standby_serial,
             }
 
     def check_invariants(self) -> list[str]:

@@ -104,3 +104,44 @@ class DeleteCheckpoint(Effect):
 
     version: int
     path: str
+
+
+@attrs.frozen
+class StartStandby(Effect):
+    """Boot a standby engine named ``standby``, without weights and never routed; report
+    StandbyBooted or StandbyFailed."""
+
+    standby: str
+
+
+@attrs.frozen
+class LoadStandby(Effect):
+    """Load ``path`` (weights of ``version``) into standby ``standby`` in place; report
+    StandbyLoaded or StandbyFailed. The checkpoint is leased until then."""
+
+    standby: str
+    version: int
+    path: str
+
+
+@attrs.frozen
+class StopStandby(Effect):
+    """Kill standby ``standby`` (``reason``: shutdown or a missed deadline). If its boot or
+    load was in flight, report that outcome or StandbyFailed once it is dead."""
+
+    standby: str
+    reason: str
+
+
+@attrs.frozen
+class ClaimStandby(Effect):
+    """Standby ``standby``'s process becomes incarnation ``incarnation`` of ``group``. With a
+    ``path`` it first loads that checkpoint (weights of ``version``, leased as a restart's);
+    without, it already holds ``version``. Either way it must pass the admission check before
+    it serves; report RestartLoaded or RestartLoadFailed for ``incarnation``."""
+
+    group: str
+    incarnation: int
+    standby: str
+    version: int
+    path: str | None

@@ -239,6 +239,38 @@ class RelaunchFailed(Event):
     error: str = attrs.field(default="", converter=valid.plain_str, validator=valid.text)
 
 
+# -- from the runtime, about one standby engine ----------------------------------------------
+# A standby is one process under a name the controller chose (``StartStandby``); once a group
+# claims it, reports about that process name the group and its new incarnation instead.
+
+
+@attrs.frozen
+class StandbyBooted(Event):
+    """Standby ``standby``'s engine is up, holding no weights yet."""
+
+    standby: str = attrs.field(converter=valid.plain_str, validator=valid.name)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+
+
+@attrs.frozen
+class StandbyLoaded(Event):
+    """Standby ``standby`` finished the load of ``LoadStandby`` in place: it holds ``version``
+    (each load of a standby is of a newer version, so a repeated report is told apart)."""
+
+    standby: str = attrs.field(converter=valid.plain_str, validator=valid.name)
+    version: int = attrs.field(validator=valid.version)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+
+
+@attrs.frozen
+class StandbyFailed(Event):
+    """Standby ``standby`` is gone: its boot or its load failed, or its process died."""
+
+    standby: str = attrs.field(converter=valid.plain_str, validator=valid.name)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+    reason: str = attrs.field(default="", converter=valid.plain_str, validator=valid.text)
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__name__: cls
     for cls in (
@@ -259,6 +291,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RestartLoadFailed,
         Relaunched,
         RelaunchFailed,
+        StandbyBooted,
+        StandbyLoaded,
+        StandbyFailed,
     )
 }
 

@@ -14,8 +14,11 @@ from .machines import (
     LOADING,
     RELAUNCHING,
     SERVING,
+    STANDBY_FINAL,
     UP,
     CheckpointState,
+    GroupState,
+    StandbyState,
     SwitchState,
 )
 
@@ -69,7 +72,15 @@ def violations(rules: Rules) -> list[str]:
         # A loading (relaunching) group's current incarnation has a load (cold start) in
         # flight; an up group's has none. Killed or stopped starts wait for their outcome.
         start = rules.starts.get((name, r.incarnation))
-        kind = "load" if state in LOADING else "relaunch" if state in RELAUNCHING else None
+        kind = (
+            "claim"
+            if state == GroupState.CLAIMING
+            else "load"
+            if state in LOADING
+            else "relaunch"
+            if state in RELAUNCHING
+            else None
+        )
         if kind is not None and (start is None or start.kind != kind):
             out.append(f"group {name!r} is {state} but incarnation {r.incarnation} has no {kind}")
         if kind is None and start is not None and state in UP:
@@ -81,9 +92,32 @@ def violations(rules: Rules) -> list[str]:
         if rec.state == SwitchState.COOLDOWN and rec.clean_streak >= rec.required_clean_syncs:
             out.append(f"group {name!r} still in cooldown after {rec.clean_streak} clean syncs")
     for (name, incarnation), start in rules.starts.items():
+        if name in rules.standbys:
+            continue
         owner = rules.groups.get(name)
         if owner is None or incarnation > owner.record.incarnation:
             out.append(f"a {start.kind} of {name!r} incarnation {incarnation} never started")
+
+    # Standbys: never more alive than the pool's size; a booting (loading) standby has a boot
+    # (load) in flight, an idle one none; a ready one holds the fleet's version.
+    alive = [s for s in rules.standbys.values() if s.record.state not in STANDBY_FINAL]
+    if len(alive) > rules.pool.record.size:
+        out.append(f"{len(alive)} standbys alive; the pool's size is {rules.pool.record.size}")
+    for name, s in rules.standbys.items():
+        sr = s.record
+        start = rules.starts.get((name, 1))
+        want = {StandbyState.BOOTING: "boot", StandbyState.LOADING: "load"}.get(str(sr.state))
+        if want is not None and (start is None or start.kind != want):
+            out.append(f"standby {name!r} is {sr.state} without its {want} in flight")
+        if sr.state in {StandbyState.STALE, StandbyState.READY} and start is not None:
+            out.append(f"standby {name!r} is {sr.state} with a {start.kind} in flight")
+        if sr.state in STANDBY_FINAL and start is None:
+            out.append(f"standby {name!r} is {sr.state} and still kept")
+        if sr.state == StandbyState.READY and sr.version != fleet:
+            out.append(f"standby {name!r} is ready on version {sr.version}, fleet is {fleet}")
+    for (name, _), start in rules.starts.items():
+        if start.kind in {"boot"} and name not in rules.standbys:
+            out.append(f"a boot of {name!r} is in flight for no standby")
 
     # At most one export in flight, of the current version.
     exporting = sorted(v for v, ck in cks.items() if ck.record.state == CheckpointState.EXPORTING)

@@ -1,4 +1,4 @@
-"""The three state machines. They hold the legal state graph and every choice a state can make
+"""The state machines. They hold the legal state graph and every choice a state can make
 on its own data: where an event has several targets, the guards pick one, so the diagrams show
 the decision. The rules (``rules.py``) decide which event to send and when.
 
@@ -69,6 +69,42 @@ class GroupRecord:
 
 
 @attrs.define(eq=False)
+class StandbyRecord:
+    """A warm engine kept booted for the next failed group; never routed."""
+
+    name: str
+    fleet: Fleet
+    version: int | None = None  # the weights it holds while up
+    since: float | None = None  # when its boot or its load began (a deadline's clock)
+    ever_ready: bool = False  # it held the fleet's weights once: its boot succeeded
+    state: str | None = None
+
+    @property
+    def holds_current(self) -> bool:
+        return self.version == self.fleet.version
+
+    @staticmethod
+    def checkpoint_ready(checkpoint_path: str | None) -> bool:
+        """C(v) is committed and current (its path is passed with the event)."""
+        return checkpoint_path is not None
+
+
+@attrs.define(eq=False)
+class PoolRecord:
+    """The standby pool: its size, and how many standbys in a row were lost before they
+    ever held the fleet's weights (a pool that keeps failing to boot stops trying)."""
+
+    size: int
+    boot_budget: int
+    failed_boots: int = 0
+    state: str | None = None
+
+    @property
+    def spent(self) -> bool:
+        return self.failed_boots >= self.boot_budget
+
+
+@attrs.define(eq=False)
 class RecoveryRecord:
     group: str
     required_clean_syncs: int
@@ -134,6 +170,7 @@ class WorkerGroupMachine(StateMachine):
     failed = State()
     awaiting_checkpoint = State()
     loading = State()
+    claiming = State()
     relaunching = State()
     pending_weights = State()
     retired = State(final=True)
@@ -146,15 +183,22 @@ class WorkerGroupMachine(StateMachine):
         | suspect.to(failed)
         | pending_weights.to(failed)
         | loading.to(failed)
+        | claiming.to(failed)
         | relaunching.to(failed)
     )
     await_checkpoint = failed.to(awaiting_checkpoint)
+    # A warm standby becomes the group's next process: admitted as it is if it holds the
+    # fleet's version, else after it loads C(v) in place.
+    claim = failed.to(claiming) | awaiting_checkpoint.to(claiming)
     load = failed.to(loading) | awaiting_checkpoint.to(loading)
     relaunch = failed.to(relaunching) | awaiting_checkpoint.to(relaunching)
     # A load finished: it serves if it loaded the fleet's version, else it holds stale weights
     # (a sync landed during the load).
-    loaded = loading.to(active, cond="serves_current") | loading.to(
-        pending_weights, unless="serves_current"
+    loaded = (
+        loading.to(active, cond="serves_current")
+        | loading.to(pending_weights, unless="serves_current")
+        | claiming.to(active, cond="serves_current")
+        | claiming.to(pending_weights, unless="serves_current")
     )
     relaunched = relaunching.to(pending_weights)
     # A process that holds older weights (or none) loads C(v) in place, without a restart,
@@ -179,9 +223,56 @@ class WorkerGroupMachine(StateMachine):
         | failed.to(stopped)
         | awaiting_checkpoint.to(stopped)
         | loading.to(stopped)
+        | claiming.to(stopped)
         | relaunching.to(stopped)
         | pending_weights.to(stopped)
     )
+
+
+class StandbyMachine(StateMachine):
+    """One warm standby engine: booted without weights, kept current (a sync's push, or a
+    load of C(v) in place), handed to exactly one failed group."""
+
+    booting = State(initial=True)
+    stale = State()
+    loading = State()
+    ready = State()
+    claimed = State(final=True)
+    lost = State(final=True)
+    stopped = State(final=True)
+
+    booted = booting.to(stale)
+    # Up with older weights (or none): load C(v) in place if it is ready, else wait.
+    reload = stale.to(loading, cond="checkpoint_ready") | stale.to(stale, unless="checkpoint_ready")
+    loaded = loading.to(ready, cond="holds_current") | loading.to(stale, unless="holds_current")
+    # A sync: the standby is current if the push reached it, stale if it was left out.
+    sync = (
+        stale.to(ready, cond="holds_current")
+        | stale.to(stale, unless="holds_current")
+        | ready.to(stale, unless="holds_current")
+        | ready.to(ready, cond="holds_current")
+    )
+    # A failed group takes it: as it is when ready; stale or loading, after a load of C(v).
+    claim = ready.to(claimed) | stale.to(claimed) | loading.to(claimed)
+    # Died, failed its boot, its load or its check, or was killed at a deadline.
+    fail = booting.to(lost) | stale.to(lost) | loading.to(lost) | ready.to(lost)
+    stop = booting.to(stopped) | stale.to(stopped) | loading.to(stopped) | ready.to(stopped)
+
+
+class StandbyPoolMachine(StateMachine):
+    """The pool refills after every claim or loss, until standbys keep failing to boot."""
+
+    filling = State(initial=True)
+    exhausted = State()
+    closed = State(final=True)
+
+    # A standby was lost before it ever held the fleet's weights: at the budget, stop.
+    boot_failed = (
+        filling.to(exhausted, cond="spent")
+        | filling.to(filling, unless="spent")
+        | exhausted.to(exhausted)
+    )
+    close = filling.to(closed) | exhausted.to(closed)
 
 
 class ImmediateRecoveryMachine(StateMachine):
@@ -242,6 +333,7 @@ class GroupState:
     FAILED: Final = "failed"
     AWAITING_CHECKPOINT: Final = "awaiting_checkpoint"
     LOADING: Final = "loading"
+    CLAIMING: Final = "claiming"
     RELAUNCHING: Final = "relaunching"
     PENDING_WEIGHTS: Final = "pending_weights"
     RETIRED: Final = "retired"
@@ -253,6 +345,7 @@ class GroupEvent:
     PROBE_OK: Final = "probe_ok"
     FAIL: Final = "fail"
     AWAIT_CHECKPOINT: Final = "await_checkpoint"
+    CLAIM: Final = "claim"
     LOAD: Final = "load"
     RELAUNCH: Final = "relaunch"
     LOADED: Final = "loaded"
@@ -261,6 +354,37 @@ class GroupEvent:
     SYNC: Final = "sync"
     RETIRE: Final = "retire"
     STOP: Final = "stop"
+
+
+class StandbyState:
+    BOOTING: Final = "booting"
+    STALE: Final = "stale"
+    LOADING: Final = "loading"
+    READY: Final = "ready"
+    CLAIMED: Final = "claimed"
+    LOST: Final = "lost"
+    STOPPED: Final = "stopped"
+
+
+class StandbyEvent:
+    BOOTED: Final = "booted"
+    RELOAD: Final = "reload"
+    LOADED: Final = "loaded"
+    SYNC: Final = "sync"
+    CLAIM: Final = "claim"
+    FAIL: Final = "fail"
+    STOP: Final = "stop"
+
+
+class PoolState:
+    FILLING: Final = "filling"
+    EXHAUSTED: Final = "exhausted"
+    CLOSED: Final = "closed"
+
+
+class PoolEvent:
+    BOOT_FAILED: Final = "boot_failed"
+    CLOSE: Final = "close"
 
 
 class SwitchState:
@@ -282,6 +406,8 @@ class Label:
     CHECKPOINT: Final = "checkpoint"
     GROUP: Final = "group"
     RECOVERY: Final = "recovery"
+    STANDBY: Final = "standby"
+    POOL: Final = "pool"
     # The pseudo-event of a machine's creation (its source state is "").
     CREATE: Final = "create"
 
@@ -308,6 +434,8 @@ def _check(machine: type[StateMachine], states: type, events: type) -> None:
 _check(CheckpointMachine, CheckpointState, CheckpointEvent)
 _check(WorkerGroupMachine, GroupState, GroupEvent)
 _check(ImmediateRecoveryMachine, SwitchState, SwitchEvent)
+_check(StandbyMachine, StandbyState, StandbyEvent)
+_check(StandbyPoolMachine, PoolState, PoolEvent)
 
 
 @functools.cache
@@ -409,6 +537,9 @@ RELAUNCHING = sources(WorkerGroupMachine, GroupEvent.RELAUNCHED)
 # The group waits under a deadline.
 WAITING = LOADING | RELAUNCHING | {GroupState.AWAITING_CHECKPOINT}
 GROUP_FINAL = _final(WorkerGroupMachine)
+# A standby's process is up (booted) and not handed over.
+STANDBY_UP = frozenset({StandbyState.STALE, StandbyState.LOADING, StandbyState.READY})
+STANDBY_FINAL = _final(StandbyMachine)
 # Checkpoint states whose files are complete on disk.
 COMMITTED = frozenset(
     {CheckpointState.READY, CheckpointState.SUPERSEDED, CheckpointState.DELETABLE}
@@ -418,6 +549,8 @@ MACHINES: dict[str, type[StateMachine]] = {
     "checkpoint": CheckpointMachine,
     "worker_group": WorkerGroupMachine,
     "immediate_recovery": ImmediateRecoveryMachine,
+    "standby": StandbyMachine,
+    "standby_pool": StandbyPoolMachine,
 }
 
 

@@ -15,27 +15,36 @@ version v, and through leases:
 * A group's immediate-recovery switch decides between booting from C(v) and a cold start,
   and whether a process up with older weights loads C(v) in place rather than waiting for
   the next sync.
+* A standby is a warm engine the controller keeps booted (``config.standby`` of them, named
+  ``standby-<n>``), never routed. It stays current as a group does: a sync's push reaches it,
+  or it loads C(v) in place under a lease when C(v) commits. A failed group claims one (its
+  process becomes the group's next incarnation) before any restart. The pool refills after
+  every event, and stops refilling once ``standby_boot_budget`` standbys in a row were lost
+  before they ever held the fleet's weights.
 
 One line per event (``on_<Event>`` below, in this order):
 
-* WeightsSynced(v, {g: i})  the fleet moves to v. The previous version's checkpoint stops
+* WeightsSynced(v, {g: i})  the fleet moves to v (a standby listed as ``standby-<n>: 1``
+  got the push; one claimed meanwhile is ignored). The previous version's checkpoint stops
   being a recovery source. The sync is *clean* if that checkpoint had committed (each cooling
   switch counts it; N in a row re-enable) or *missed* if its export was started but had not
   committed (every switch cools, streak 0). Each up group whose listed incarnation is its
   current one now holds v (a pending one is admitted); a serving group not so listed is
-  demoted. A group awaiting the previous checkpoint goes cold.
+  demoted; a standby is current or stale likewise. A group awaiting the previous
+  checkpoint takes a current standby, or goes cold.
 * ExportStarted(v)          C(v) is being written (v current, once per version).
 * ExportCommitted(v, path)  C(v) is ready and wakes every group awaiting it, and every up
-  group holding older weights loads it in place (``_catch_up``); a late commit of an
+  group or standby holding older weights loads it in place (``_catch_up``); a late commit of an
   abandoned export is deleted at once unless pinned. A path in use is refused.
 * ExportFailed / ExportCancelled(v)  C(v) is gone; groups awaiting it go cold.
 * CheckpointPinned(v)       the user keeps C(v): it is never deleted (refused once a stale
   export was asked to stop).
 * CheckpointDeleted(v)      the files are gone.
-* Shutdown                  every group stops; checkpoints stop being sources. Outcomes of
-  starts still in flight are accepted afterwards, and drain the controller.
+* Shutdown                  every group and standby stops; checkpoints stop being sources.
+  Outcomes of starts still in flight are accepted afterwards, and drain the controller.
 * Tick                      deadlines: a wait for C(v) past its timeout goes cold; a load or a
-  relaunch past its deadline is killed and counts as a failed restart.
+  relaunch past its deadline is killed and counts as a failed restart; a standby's boot or
+  load past its deadline is killed and the standby is lost.
 * GroupRegistered(g, v)     incarnation 1 of g, serving if v is the fleet's version.
 * ProbeFailed / ProbeOk     a serving group turns suspect; at the threshold it has failed and
   its process is stopped.
@@ -48,11 +57,20 @@ One line per event (``on_<Event>`` below, in this order):
 * RestartLoadFailed(g, i)   the lease is released, recovery cools, the group has failed.
 * Relaunched / RelaunchFailed(g, i)  a cold start came up (catches up from a ready C(v) if
   its switch is enabled, else waits for weights) or failed.
+* StandbyBooted(s)          its engine is up without weights: it catches up from C(v) if ready.
+* StandbyLoaded(s)          its load in place finished (the lease is released): current, it
+  is offered to a group awaiting a checkpoint; stale, it catches up again.
+* StandbyFailed(s)          it is lost (its lease, if loading, ends with it); lost before it
+  ever held the fleet's weights, it counts against the pool's boot budget.
 
-A failed group (``_fail``) is retired once its restart budget is spent; otherwise it boots
-from C(v) if that is ready and its switch is enabled, waits if C(v) is being written (or
-about to be: a sync announced v and ``export_every_sync`` says its export follows), and goes
-cold in every other case.
+A failed group (``_fail``) is retired once its restart budget is spent; otherwise
+(``_recover``) it claims a standby that holds the fleet's version (admitted as it is, whatever
+its switch: no checkpoint is read); else, if C(v) is ready and its switch is enabled, it
+claims a standby that loads C(v) in place (one already loading first), or boots from C(v);
+else it waits if C(v) is being written (or about to be: a sync announced v and
+``export_every_sync`` says its export follows), and goes cold in every other case. A claim,
+like a restart, spends the restart budget; a claim that fails its load or its admission check
+has failed like a restart (it cools the switch only if it read the checkpoint).
 
 Three consequences a reader may miss:
 
@@ -98,6 +116,8 @@ from .machines import (
     LOADING,
     RELAUNCHING,
     SERVING,
+    STANDBY_FINAL,
+    STANDBY_UP,
     SYNC_MISSED,
     UP,
     WAITING,
@@ -110,7 +130,13 @@ from .machines import (
     GroupRecord,
     GroupState,
     Label,
+    PoolEvent,
+    PoolRecord,
+    PoolState,
     RecoveryRecord,
+    StandbyEvent,
+    StandbyRecord,
+    StandbyState,
     SwitchEvent,
     SwitchState,
     WorkerGroupMachine,
@@ -118,10 +144,12 @@ from .machines import (
     stays,
     sync_verdict,
 )
-from .state import CheckpointSlot, GroupSlot, Lease, Start
+from .state import CheckpointSlot, GroupSlot, Lease, PoolSlot, StandbySlot, Start
 
 # Final checkpoint states remembered (for clear refusals and queries about recent versions).
 FINISHED_KEPT = 16
+# Standbys are named by the rules: this prefix and a serial number. No group may take it.
+STANDBY_PREFIX = "standby-"
 
 
 # Which group states accept an event, read off the worker-group graph.
@@ -141,6 +169,13 @@ class Orphan:
     incarnation: int
 
 
+@attrs.frozen
+class StandbyOrphan:
+    """The outcome of a standby's boot or load that was killed, stopped or claimed."""
+
+    name: str
+
+
 def _nothing_to_check(_e: ev.Event) -> None:
     """The check of an event every state accepts (``Tick``)."""
 
@@ -157,6 +192,13 @@ class Rules:
         self.finished: dict[int, str] = {}  # versions whose checkpoint reached a final state
         self.groups: dict[str, GroupSlot] = {}
         self.starts: dict[tuple[str, int], Start] = {}  # (group, incarnation) -> start
+        # Standbys not yet handed over, lost or stopped (or with a start still in flight);
+        # their starts are in ``starts`` under (name, 1).
+        self.standbys: dict[str, StandbySlot] = {}
+        self.standby_serial = 0  # the last standby's number
+        self.pool = PoolSlot(
+            PoolRecord(config.standby, config.standby_boot_budget, state=PoolState.FILLING)
+        )
         # Filled while one event runs.
         self.effects: list[fx.Effect] = []
         self.transitions: list[tuple[str, str, str, str]] = []
@@ -175,6 +217,7 @@ class Rules:
         found = check(e)
         self.applying = True
         rule(e, found)
+        self._refill()
         return self.effects
 
     def __getstate__(self) -> dict[str, object]:
@@ -206,6 +249,13 @@ class Rules:
                 f"WeightsSynced must move to a version above {self.fleet.version}, got {e.version}"
             )
         for name, incarnation in e.groups.items():
+            if self._standby_number(name) is not None:
+                if incarnation != 1:
+                    raise WrongIncarnation(
+                        f"WeightsSynced lists standby {name!r} as incarnation {incarnation}; "
+                        "a standby is one process, incarnation 1"
+                    )
+                continue
             g = self._require_group(name)
             if incarnation > g.record.incarnation:
                 raise WrongIncarnation(
@@ -217,7 +267,13 @@ class Rules:
         outcome = self._export_outcome(self.fleet.version)
         self.fleet.version = e.version
         self._make_checkpoints_stale()
-        for g in self.groups.values():
+        for sb in list(self.standbys.values()):
+            s = sb.record
+            if s.state in {StandbyState.STALE, StandbyState.READY}:
+                if e.groups.get(s.name) == 1:
+                    s.version = e.version
+                self._fire_standby(sb, StandbyEvent.SYNC)  # current or stale: the graph decides
+        for g in list(self.groups.values()):
             if outcome is not None:
                 self._count_sync(g, missed=outcome == SYNC_MISSED)
             r = g.record
@@ -227,7 +283,7 @@ class Rules:
                 self._fire_group(g, GroupEvent.SYNC)  # admits or demotes: the graph decides
             elif r.state == GroupState.AWAITING_CHECKPOINT:
                 # It waited for the old version's export; that checkpoint is stale now.
-                self._relaunch(g)
+                self._recover(g, may_wait=False)
 
     def _export_outcome(self, old: int) -> str | None:
         """How the export of ``old`` fared by the sync that leaves it (``sync_verdict``), or
@@ -279,7 +335,9 @@ class Rules:
             self._emit(fx.DeleteCheckpoint(e.version, e.path))
         elif ck.record.state == CheckpointState.READY:
             for g in self._awaiting():
-                self._restart_from(g, ck)
+                self._recover(g, may_wait=False)
+            for sb in self._standbys_in(StandbyState.STALE):
+                self._catch_up_standby(sb)
             for g in self._pending():
                 self._catch_up(g)
 
@@ -301,7 +359,7 @@ class Rules:
         self._forget(ck)
         if was_current:
             for g in self._awaiting():
-                self._relaunch(g)
+                self._recover(g, may_wait=False)
 
     def check_CheckpointPinned(self, e: ev.CheckpointPinned) -> CheckpointSlot:
         # An abandoned export was asked to stop (unless already pinned): too late to keep it.
@@ -330,6 +388,13 @@ class Rules:
             self._fire_group(g, GroupEvent.STOP)
             if has_process:
                 self._emit(fx.StopGroup(r.name, r.incarnation, "shutdown"))
+        for sb in list(self.standbys.values()):
+            if sb.record.state not in STANDBY_FINAL:
+                self._fire_standby(sb, StandbyEvent.STOP)
+                self._emit(fx.StopStandby(sb.record.name, "shutdown"))
+                self._forget_standby(sb)
+        if self.pool.record.state != PoolState.CLOSED:
+            self._fire(self.pool.machine, Label.of(Label.POOL, "standby"), PoolEvent.CLOSE)
         self._make_checkpoints_stale()
 
     def on_Tick(self, e: ev.Tick, _: None) -> None:
@@ -342,10 +407,21 @@ class Rules:
             if r.state == GroupState.AWAITING_CHECKPOINT and waited >= c.deadline("checkpoint"):
                 self._relaunch(g)
             elif r.state in LOADING and waited >= c.deadline("load"):
-                self._cool(g)
+                start = self.starts.get((r.name, r.incarnation))
+                if start is not None and start.lease is not None:
+                    self._cool(g)  # the load from the checkpoint failed
                 self._fail(g, kill="load deadline")  # its lease waits for the killed start
             elif r.state in RELAUNCHING and waited >= c.deadline("relaunch"):
                 self._fail(g, kill="relaunch deadline")
+        for sb in list(self.standbys.values()):
+            s = sb.record
+            if s.since is None:
+                continue
+            waited = e.at - s.since
+            if s.state == StandbyState.BOOTING and waited >= c.deadline("relaunch"):
+                self._lose_standby(sb, kill="boot deadline")
+            elif s.state == StandbyState.LOADING and waited >= c.deadline("load"):
+                self._lose_standby(sb, kill="load deadline")  # its lease waits for the outcome
 
     # -- the health manager and the runtime, about one incarnation -----------------------------
 
@@ -353,6 +429,10 @@ class Rules:
         self._require_open(e)
         if e.group in self.groups:
             raise EventNotAllowed(f"group {e.group!r} is already registered")
+        if e.group.startswith(STANDBY_PREFIX):
+            raise EventNotAllowed(
+                f"group {e.group!r}: names starting with {STANDBY_PREFIX!r} are the standbys'"
+            )
         if e.version > self.fleet.version:
             raise UnknownVersion(
                 f"group {e.group!r} claims version {e.version}, "
@@ -406,9 +486,9 @@ class Rules:
         g = self._settle(found)
         if g is None:
             return
-        if g.record.state in LOADING:
-            self._cool(g)  # it died booting from the checkpoint: a failed immediate restart
-        self._end_start(g)  # the process that read the checkpoint is gone, and its lease
+        start = self._end_start(g)  # the process that read the checkpoint is gone, and its lease
+        if start is not None and start.lease is not None:
+            self._cool(g)  # it died loading from the checkpoint: a failed immediate restart
         self._fail(g)
 
     def check_RestartLoaded(self, e: ev.RestartLoaded) -> GroupSlot | Orphan:
@@ -418,9 +498,9 @@ class Rules:
         g = self._settle(found)
         if g is None:
             return
-        lease = self._end_start(g)
-        assert lease is not None
-        g.record.version = lease.version
+        start = self._end_start(g)
+        assert start is not None
+        g.record.version = start.lease.version if start.lease is not None else start.version
         self._fire_group(g, GroupEvent.LOADED)  # serves, or holds stale weights
         if g.record.state == GroupState.PENDING_WEIGHTS:
             self._catch_up(g)  # a sync landed during the load
@@ -432,8 +512,9 @@ class Rules:
         g = self._settle(found)
         if g is None:
             return
-        self._end_start(g)
-        self._cool(g)
+        start = self._end_start(g)
+        if start is not None and start.lease is not None:
+            self._cool(g)  # a claim that only failed its admission read no checkpoint
         self._fail(g)
 
     def check_Relaunched(self, e: ev.Relaunched) -> GroupSlot | Orphan:
@@ -458,6 +539,56 @@ class Rules:
         self._end_start(g)
         self._fail(g)
 
+    # -- the runtime, about one standby --------------------------------------------------------
+
+    def check_StandbyBooted(self, e: ev.StandbyBooted) -> StandbySlot | StandbyOrphan:
+        return self._standby(e, frozenset({StandbyState.BOOTING}), "boot")
+
+    def on_StandbyBooted(self, e: ev.StandbyBooted, found: StandbySlot | StandbyOrphan) -> None:
+        sb = self._settle_standby(found)
+        if sb is None:
+            return
+        self._end_standby_start(sb)
+        sb.record.version = None
+        self._fire_standby(sb, StandbyEvent.BOOTED)
+        self._catch_up_standby(sb)
+
+    def check_StandbyLoaded(self, e: ev.StandbyLoaded) -> StandbySlot | StandbyOrphan:
+        found = self._standby(e, frozenset({StandbyState.LOADING}), "load")
+        lease = self.starts[(e.standby, 1)].lease
+        assert lease is not None
+        if lease.version != e.version:
+            raise EventNotAllowed(
+                f"StandbyLoaded for standby {e.standby!r} reports version {e.version}, but the "
+                f"load in flight is of version {lease.version}"
+            )
+        return found
+
+    def on_StandbyLoaded(self, e: ev.StandbyLoaded, found: StandbySlot | StandbyOrphan) -> None:
+        sb = self._settle_standby(found)
+        if sb is None:
+            return
+        start = self.starts[(sb.record.name, 1)]
+        self._end_standby_start(sb)
+        assert start.lease is not None
+        sb.record.version = start.lease.version
+        self._fire_standby(sb, StandbyEvent.LOADED)  # current, or stale after a sync
+        if sb.record.state == StandbyState.STALE:
+            self._catch_up_standby(sb)
+        else:
+            for g in self._awaiting():
+                if not self._claim_ready(g):
+                    break
+
+    def check_StandbyFailed(self, e: ev.StandbyFailed) -> StandbySlot | StandbyOrphan:
+        return self._standby(e, STANDBY_UP | {StandbyState.BOOTING}, None)
+
+    def on_StandbyFailed(self, e: ev.StandbyFailed, found: StandbySlot | StandbyOrphan) -> None:
+        sb = self._settle_standby(found)
+        if sb is None:
+            return
+        self._lose_standby(sb)
+
     # -- recovery rules ----------------------------------------------------------------------
 
     def _fail(self, g: GroupSlot, kill: str | None = None) -> None:
@@ -473,22 +604,138 @@ class Rules:
             self._emit(fx.RetireGroup(r.name))
             return
         r.restarts += 1
+        self._recover(g, may_wait=True)
+
+    def _recover(self, g: GroupSlot, may_wait: bool) -> None:
+        """Bring a failed (or waiting) group back the fastest way the rules allow: a current
+        standby; a standby loading C(v) in place; a restart from C(v); a wait for C(v) (only
+        from ``failed``: a wait that ended does not start again); a cold start."""
+        if self._claim_ready(g):
+            return
+        r = g.record
         if g.recovery.state != SwitchState.ENABLED:
             self._relaunch(g)
             return
         current = self.checkpoints.get(self.fleet.version)
         if current is not None and current.record.state == CheckpointState.READY:
-            self._restart_from(g, current)
-        elif (current is not None and current.record.state == CheckpointState.EXPORTING) or (
-            current is None
-            and self.config.export_every_sync
-            and self.fleet.version != self.initial_version  # no sync announced it yet
-            and self.fleet.version not in self.finished
+            standby = self._first_standby(StandbyState.LOADING, StandbyState.STALE)
+            if standby is not None:
+                self._claim(g, standby, current)
+            else:
+                self._restart_from(g, current)
+        elif may_wait and (
+            (current is not None and current.record.state == CheckpointState.EXPORTING)
+            or (
+                current is None
+                and self.config.export_every_sync
+                and self.fleet.version != self.initial_version  # no sync announced it yet
+                and self.fleet.version not in self.finished
+            )
         ):
             self._fire_group(g, GroupEvent.AWAIT_CHECKPOINT)
             r.since = self.now
         else:
             self._relaunch(g)
+
+    def _claim_ready(self, g: GroupSlot) -> bool:
+        """Claim a standby that holds the fleet's version, if there is one."""
+        standby = self._first_standby(StandbyState.READY)
+        if standby is None:
+            return False
+        self._claim(g, standby, None)
+        return True
+
+    def _claim(self, g: GroupSlot, sb: StandbySlot, ck: CheckpointSlot | None) -> None:
+        """The standby's process becomes the group's next incarnation; with ``ck`` it loads
+        C(v) first, under a lease of the group's (a load of its own still in flight is
+        orphaned: its outcome only ends it)."""
+        r = self._next_incarnation(g)
+        s = sb.record
+        lease = None
+        if ck is not None:
+            assert ck.record.state == CheckpointState.READY and ck.record.path is not None
+            lease = Lease(r.name, r.incarnation, ck.record.version, self.fleet.version)
+            ck.record.leases += 1
+        self.starts[(r.name, r.incarnation)] = Start("claim", lease, s.version)
+        self._fire_group(g, GroupEvent.CLAIM)
+        self._fire_standby(sb, StandbyEvent.CLAIM)
+        self._forget_standby(sb)
+        version = lease.version if lease is not None else s.version
+        assert version is not None
+        path = ck.record.path if ck is not None else None
+        self._emit(fx.ClaimStandby(r.name, r.incarnation, s.name, version, path))
+
+    def _catch_up_standby(self, sb: StandbySlot) -> None:
+        """A stale standby loads C(v) in place if it is ready, under a lease; else it waits."""
+        s = sb.record
+        ck = self._recovery_source()
+        self._fire_standby(
+            sb, StandbyEvent.RELOAD, checkpoint_path=None if ck is None else ck.record.path
+        )
+        if s.state != StandbyState.LOADING:
+            return
+        assert ck is not None and ck.record.path is not None
+        s.since = self.now
+        lease = Lease(s.name, 1, ck.record.version, self.fleet.version)
+        self.starts[(s.name, 1)] = Start("load", lease)
+        ck.record.leases += 1
+        self._emit(fx.LoadStandby(s.name, lease.version, ck.record.path))
+
+    def _lose_standby(self, sb: StandbySlot, kill: str | None = None) -> None:
+        """The standby is gone (``kill``: the controller decided so and stops it; its start
+        stays until its outcome arrives). Lost before it ever held the fleet's weights, it
+        is a failed boot of the pool."""
+        s = sb.record
+        if kill is None:
+            self._end_standby_start(sb)
+        self._fire_standby(sb, StandbyEvent.FAIL)
+        if kill is not None:
+            self._emit(fx.StopStandby(s.name, kill))
+        if not s.ever_ready:
+            self.pool.record.failed_boots += 1
+            self._fire(self.pool.machine, Label.of(Label.POOL, "standby"), PoolEvent.BOOT_FAILED)
+        self._forget_standby(sb)
+
+    def _refill(self) -> None:
+        """Boot standbys until the pool has its size again (while open and not exhausted)."""
+        pool = self.pool.record
+        if self.closed or pool.state != PoolState.FILLING:
+            return
+        alive = sum(1 for sb in self.standbys.values() if sb.record.state not in STANDBY_FINAL)
+        for _ in range(pool.size - alive):
+            self.standby_serial += 1
+            name = f"{STANDBY_PREFIX}{self.standby_serial}"
+            record = StandbyRecord(name, self.fleet, since=self.now, state=StandbyState.BOOTING)
+            self.standbys[name] = StandbySlot(record, build=True)
+            self.starts[(name, 1)] = Start("boot", None)
+            self.transitions.append(
+                (Label.of(Label.STANDBY, name), Label.CREATE, "", StandbyState.BOOTING)
+            )
+            self._emit(fx.StartStandby(name))
+
+    def _first_standby(self, *states: str) -> StandbySlot | None:
+        """The oldest standby in the first of ``states`` that has one."""
+        for state in states:
+            for sb in self.standbys.values():
+                if sb.record.state == state:
+                    return sb
+        return None
+
+    def _standbys_in(self, state: str) -> list[StandbySlot]:
+        return [sb for sb in self.standbys.values() if sb.record.state == state]
+
+    def _end_standby_start(self, sb: StandbySlot) -> None:
+        """A standby's boot or load reported (or it died): forget it, free its lease."""
+        start = self.starts.pop((sb.record.name, 1), None)
+        if start is not None and start.lease is not None:
+            ck = self.checkpoints[start.lease.version]
+            ck.record.leases -= 1
+            self._reap(ck)
+
+    def _forget_standby(self, sb: StandbySlot) -> None:
+        """A standby in a final state is kept only while a start of it is in flight."""
+        if sb.record.state in STANDBY_FINAL and (sb.record.name, 1) not in self.starts:
+            del self.standbys[sb.record.name]
 
     def _make_checkpoints_stale(self) -> None:
         """No existing checkpoint may serve recovery any more (a newer sync, or shutdown):
@@ -559,16 +806,16 @@ class Rules:
         r.since = self.now
         return r
 
-    def _end_start(self, g: GroupSlot, incarnation: int | None = None) -> Lease | None:
+    def _end_start(self, g: GroupSlot, incarnation: int | None = None) -> Start | None:
         """The outcome of a start arrived (or its process died): forget it, free its lease."""
         key = (g.record.name, g.record.incarnation if incarnation is None else incarnation)
         start = self.starts.pop(key, None)
         if start is None or start.lease is None:
-            return None
+            return start
         ck = self.checkpoints[start.lease.version]
         ck.record.leases -= 1
         self._reap(ck)
-        return start.lease
+        return start
 
     def _cool(self, g: GroupSlot) -> None:
         self._fire_switch(g, SwitchEvent.COOL)
@@ -604,7 +851,13 @@ class Rules:
         sentence each; empty means quiescent."""
         out: list[str] = []
         for (name, incarnation), start in sorted(self.starts.items()):
-            what = "a cold start" if start.lease is None else f"a load of C({start.lease.version})"
+            if name in self.standbys:
+                what = "the boot" if start.lease is None else f"a load of C({start.lease.version})"
+                out.append(f"{what} of standby {name!r} has not reported")
+                continue
+            what = {"relaunch": "a cold start", "claim": "a claim of a standby"}.get(
+                start.kind, f"a load of C({start.lease.version if start.lease else '?'})"
+            )
             out.append(f"{what} of group {name!r} incarnation {incarnation} has not reported")
         for v, ck in sorted(self.checkpoints.items()):
             state = ck.record.state
@@ -654,7 +907,7 @@ class Rules:
         if start is not None and self._orphaned(g, e.incarnation, start):
             ends = (
                 ev.GroupFailed,
-                *(ev.LOAD_OUTCOMES if start.kind == "load" else ev.RELAUNCH_OUTCOMES),
+                *(ev.RELAUNCH_OUTCOMES if start.kind == "relaunch" else ev.LOAD_OUTCOMES),
             )
             if isinstance(e, ends):
                 return Orphan(g, e.incarnation)
@@ -678,8 +931,53 @@ class Rules:
     @staticmethod
     def _orphaned(g: GroupSlot, incarnation: int, start: Start) -> bool:
         """A start the group no longer waits on: killed at a deadline, or stopped."""
-        waiting = LOADING if start.kind == "load" else RELAUNCHING
+        waiting = RELAUNCHING if start.kind == "relaunch" else LOADING
         return incarnation != g.record.incarnation or g.record.state not in waiting
+
+    def _standby_number(self, name: str) -> int | None:
+        """The serial of a standby this controller named, or None for any other name."""
+        number = name.removeprefix(STANDBY_PREFIX)
+        if name == number or not number.isdigit() or str(int(number)) != number:
+            return None
+        n = int(number)
+        return n if 1 <= n <= self.standby_serial else None
+
+    def _standby(
+        self,
+        e: ev.StandbyBooted | ev.StandbyLoaded | ev.StandbyFailed,
+        states: frozenset[str],
+        kind: str | None,
+    ) -> StandbySlot | StandbyOrphan:
+        """The standby, when ``e`` is about it in one of ``states`` with a start of ``kind``
+        in flight (None: any or none); a ``StandbyOrphan`` when ``e`` is the outcome of a
+        start of a standby that was lost, stopped or claimed since. Anything else is refused."""
+        sb = self.standbys.get(e.standby)
+        if sb is None:
+            known = self._standby_number(e.standby) is not None
+            raise EventNotAllowed(
+                f"{e.kind} for standby {e.standby!r}, which was handed over, lost or stopped"
+                if known
+                else f"{e.kind} for unknown standby {e.standby!r}"
+            )
+        start = self.starts.get((e.standby, 1))
+        state = sb.record.state
+        if state in states and (kind is None or (start is not None and start.kind == kind)):
+            return sb
+        if state in STANDBY_FINAL and start is not None and kind in (None, start.kind):
+            return StandbyOrphan(e.standby)
+        raise EventNotAllowed(
+            f"{e.kind} for standby {e.standby!r} expects it in one of {sorted(states)}, "
+            f"but it is {state}"
+        )
+
+    def _settle_standby(self, found: StandbySlot | StandbyOrphan) -> StandbySlot | None:
+        """The standby an event acts on; an orphan's outcome only ends its start."""
+        if isinstance(found, StandbyOrphan):
+            sb = self.standbys[found.name]
+            self._end_standby_start(sb)
+            self._forget_standby(sb)
+            return None
+        return found
 
     def _require_checkpoint(
         self, e: ev.Event, version: int, event: str = "", states: frozenset[str] | None = None
@@ -717,6 +1015,16 @@ class Rules:
 
     def _fire_switch(self, g: GroupSlot, event: str) -> None:
         self._fire(g.recovery_machine, Label.of(Label.RECOVERY, g.record.name), event)
+
+    def _fire_standby(self, sb: StandbySlot, event: str, **facts: Any) -> None:
+        """Move a standby; the first time it holds the fleet's weights its boot succeeded."""
+        s = sb.record
+        self._fire(sb.machine, Label.of(Label.STANDBY, s.name), event, **facts)
+        if s.state not in {StandbyState.BOOTING, StandbyState.LOADING}:
+            s.since = None
+        if s.state == StandbyState.READY and not s.ever_ready:
+            s.ever_ready = True
+            self.pool.record.failed_boots = 0
 
     def _fire_ck(self, ck: CheckpointSlot, event: str) -> None:
         self._fire(ck.machine, Label.of(Label.CHECKPOINT, ck.record.version), event)

@@ -13,7 +13,11 @@ from .machines import (
     CheckpointRecord,
     GroupRecord,
     ImmediateRecoveryMachine,
+    PoolRecord,
     RecoveryRecord,
+    StandbyMachine,
+    StandbyPoolMachine,
+    StandbyRecord,
     WorkerGroupMachine,
 )
 
@@ -35,10 +39,12 @@ class Lease:
 
 @attrs.frozen
 class Start:
-    """A start of a group's process whose outcome has not been reported yet."""
+    """A start of a group's (or a standby's) process whose outcome has not been reported."""
 
-    kind: str  # "load" | "relaunch"
+    kind: str  # "load" | "claim" | "relaunch" (a group's); "boot" | "load" (a standby's)
     lease: Lease | None  # a load's lease on its checkpoint
+    # A claim without a load: the version the standby held when it was claimed.
+    version: int | None = None
 
 
 class CheckpointSlot:
@@ -96,3 +102,43 @@ class GroupSlot:
 
     def __deepcopy__(self, memo: dict[int, object]) -> GroupSlot:
         return GroupSlot(copy.deepcopy(self.record, memo), copy.deepcopy(self.recovery, memo))
+
+
+class StandbySlot:
+    """A standby's record and machine, built lazily like ``CheckpointSlot``'s."""
+
+    __slots__ = ("_machine", "record")
+
+    def __init__(self, record: StandbyRecord, *, build: bool = False) -> None:
+        self.record = record
+        self._machine: StandbyMachine | None = None
+        if build:
+            self._machine = self.machine
+
+    @property
+    def machine(self) -> StandbyMachine:
+        if self._machine is None:
+            self._machine = StandbyMachine(model=self.record, start_value=self.record.state)
+        return self._machine
+
+    def __deepcopy__(self, memo: dict[int, object]) -> StandbySlot:
+        return StandbySlot(copy.deepcopy(self.record, memo))
+
+
+class PoolSlot:
+    """The standby pool's record and machine."""
+
+    __slots__ = ("_machine", "record")
+
+    def __init__(self, record: PoolRecord) -> None:
+        self.record = record
+        self._machine: StandbyPoolMachine | None = None
+
+    @property
+    def machine(self) -> StandbyPoolMachine:
+        if self._machine is None:
+            self._machine = StandbyPoolMachine(model=self.record, start_value=self.record.state)
+        return self._machine
+
+    def __deepcopy__(self, memo: dict[int, object]) -> PoolSlot:
+        return PoolSlot(copy.deepcopy(self.record, memo))

@@ -72,3 +72,8 @@ def positive_int(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
 def seconds(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise MalformedEvent(f"{attr.name} must be a number of seconds >= 0, got {value!r}")
+
+
+def count(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) is not int or value < 0:
+        raise MalformedEvent(f"{attr.name} must be an int >= 0, got {value!r}")

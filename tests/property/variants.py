@@ -161,7 +161,7 @@ VARIANTS: tuple[Variant, ...] = (
                 f"{IN * 2}current = self.checkpoints.get(self.fleet.version)\n"
                 f"{IN * 2}if current is not None and current.record.state == "
                 f"CheckpointState.READY:\n"
-                f"{IN * 3}self._restart_from(g, current)\n",
+                f"{IN * 3}standby = self._first_standby(",
                 f"{IN * 2}current = self.checkpoints.get(self.fleet.version)\n"
                 f"{IN * 2}older = [\n"
                 f"{IN * 3}ck\n"
@@ -185,7 +185,7 @@ VARIANTS: tuple[Variant, ...] = (
                 f"{IN * 3}return\n"
                 f"{IN * 2}if current is not None and current.record.state == "
                 f"CheckpointState.READY:\n"
-                f"{IN * 3}self._restart_from(g, current)\n",
+                f"{IN * 3}standby = self._first_standby(",
             ),
         ),
     ),
@@ -195,7 +195,8 @@ VARIANTS: tuple[Variant, ...] = (
         "fleet moved on while it was loading.",
         (
             (
-                "g.record.version = lease.version\n",
+                "g.record.version = start.lease.version if start.lease is not None else "
+                "start.version\n",
                 "g.record.version = self.fleet.version  # should be the lease's version\n",
             ),
         ),

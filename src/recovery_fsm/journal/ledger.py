@@ -10,7 +10,8 @@ the same picture as the demo. It decides nothing and touches no file.
 Recovery paths: ``immediate`` booted from the checkpoint that was ready when the group
 failed (and, if a sync landed during that load, loaded the next one in place), ``waited``
 waited for the export being written (or came up cold) and then loaded it, ``cold`` started
-without weights and was admitted by a later sync. An outage runs from the group's
+without weights and was admitted by a later sync, ``standby`` took over a warm standby engine
+(admitted as it was, or after it loaded C(v) in place). An outage runs from the group's
 first failure to its admission, across any restarts that failed in between; the path is the
 one of the start that was admitted.
 """
@@ -31,11 +32,13 @@ from ..machines import (
     GroupEvent,
     GroupState,
     Label,
+    PoolState,
+    StandbyState,
     SwitchState,
     sync_verdict,
 )
 
-PATHS = ("immediate", "waited", "cold")
+PATHS = ("standby", "immediate", "waited", "cold")
 
 
 @attrs.frozen
@@ -122,6 +125,9 @@ class Ledger:
         self._dropped_idle_s = 0.0
         self._dropped_groups: set[str] = set()
         self.cooldowns = 0  # entries of an immediate-recovery switch into cooldown
+        self.standbys_started = 0
+        self.standbys_lost = 0  # died, failed a boot, a load or a check, or missed a deadline
+        self.pool_exhausted_at: float | None = None  # the pool gave up refilling
         # Per sync, how the previous version's export had fared (the rules' verdict).
         self.sync_verdicts: dict[str, int] = dict.fromkeys(SYNC_VERDICTS, 0)
         self.refused = 0  # records of refused events
@@ -203,6 +209,16 @@ class Ledger:
             if target == SwitchState.COOLDOWN:
                 self.cooldowns += 1
             return
+        if kind == Label.STANDBY:
+            if name == Label.CREATE:
+                self.standbys_started += 1
+            elif target == StandbyState.LOST:
+                self.standbys_lost += 1
+            return
+        if kind == Label.POOL:
+            if target == PoolState.EXHAUSTED:
+                self.pool_exhausted_at = at
+            return
         if kind != Label.GROUP:
             return
         span = self._open.pop(who, None)
@@ -226,6 +242,8 @@ class Ledger:
             outage.waited = True
         elif name == GroupEvent.LOAD:
             outage.path = "waited" if outage.waited else "immediate"
+        elif name == GroupEvent.CLAIM:
+            outage.path = "standby"
         elif name == GroupEvent.RELOAD and outage.path in (None, "cold"):
             outage.path = "waited"  # came up cold, then loaded C(v) once it was ready
         elif name == GroupEvent.RELAUNCH:
@@ -318,6 +336,8 @@ class Ledger:
             "recovery/failures": float(self.failures),
             "recovery/idle_group_s": self.idle_group_seconds(until),
             "recovery/cooldown_entries": float(self.cooldowns),
+            "recovery/standbys_started": float(self.standbys_started),
+            "recovery/standbys_lost": float(self.standbys_lost),
         }
         with self._lock:
             for verdict, n in self.sync_verdicts.items():

@@ -41,6 +41,9 @@ _DUPLICABLE = (
     ev.Relaunched,
     ev.RelaunchFailed,
     ev.CheckpointDeleted,
+    ev.StandbyBooted,
+    ev.StandbyLoaded,
+    ev.StandbyFailed,
 )
 
 
@@ -72,6 +75,9 @@ class Scope:
     sink_failures: bool = False  # the journal sink may raise
     deadlines: bool = True  # time may pass (ticks)
     shutdown: bool = True
+    # With ``config.standby``: standbys that booted, loaded or died count as scheduler moves;
+    # a sync pushes to every up standby (``sync_without`` may leave one out).
+    standby_deaths: bool = True
     config: RecoveryConfig = attrs.field(factory=small_config)
 
 
@@ -191,6 +197,7 @@ class Sim:
                 out.append(Action(TRAINER, "sync"))
                 if s.partial_syncs:
                     out += [Action(TRAINER, "sync_without", g) for g in self._up()]
+                    out += [Action(TRAINER, "sync_without", n) for n in self._up_spares()]
                 if s.late_syncs:
                     out += [
                         Action(TRAINER, "sync_late", g)
@@ -211,6 +218,8 @@ class Sim:
                     for g, p in w.procs.items()
                     if p.status in {"up", "loading", "relaunching"}
                 ]
+            if s.standby_deaths and self.failures < s.max_failures:
+                out += [Action(HEALTH, "standby_dies", n) for n in w._alive()]
             if s.probes:
                 serving = [
                     g
@@ -225,11 +234,16 @@ class Sim:
             out.append(Action(SCHEDULER, "sink_fails"))
         for v in sorted(w.exports):
             out += [Action(SCHEDULER, k, v) for k in ("commit", "export_fails", "export_cancelled")]
+        for n in sorted(w.boots):
+            out += [Action(SCHEDULER, k, n) for k in ("standby_booted", "standby_boot_fails")]
         for g, i in sorted(w.loads):
-            out += [Action(SCHEDULER, k, f"{g}#{i}") for k in ("loaded", "load_fails")]
+            if g in w.spares:
+                out += [Action(SCHEDULER, k, g) for k in ("standby_loaded", "standby_load_fails")]
+            else:
+                out += [Action(SCHEDULER, k, f"{g}#{i}") for k in ("loaded", "load_fails")]
         for g, i in sorted(w.relaunches):
             out += [Action(SCHEDULER, k, f"{g}#{i}") for k in ("relaunched", "relaunch_fails")]
-        for g, i in sorted(set(w.loads) | w.relaunches):
+        for g, i in sorted({k for k in w.loads if k[0] not in w.spares} | w.relaunches):
             p = w.procs[g]
             if p.incarnation != i or p.status not in {"loading", "relaunching"}:
                 out.append(Action(SCHEDULER, "killed_dies", f"{g}#{i}"))
@@ -244,8 +258,14 @@ class Sim:
             "loading": c.deadline("load"),
             "relaunching": c.deadline("relaunch"),
         }
+        spare_limits = {"booting": c.deadline("relaunch"), "loading": c.deadline("load")}
         return sorted(
             {p.since + limits[p.status] - self.now for p in w.procs.values() if p.status in limits}
+            | {
+                s.since + spare_limits[s.status] - self.now
+                for s in w.spares.values()
+                if s.status in spare_limits
+            }
         )
 
     def _tick_amounts(self) -> list[float]:
@@ -259,6 +279,9 @@ class Sim:
     def _up(self) -> list[str]:
         return [g for g, p in self.world.procs.items() if p.status == "up"]
 
+    def _up_spares(self) -> list[str]:
+        return sorted(n for n, s in self.world.spares.items() if s.status == "up")
+
     def _pinnable(self) -> list[int]:
         w = self.world
         on_disk = {v for p, v in w.disk.items() if p not in w.deleting}
@@ -270,6 +293,7 @@ class Sim:
         k, t = a.kind, a.target
         if k in {"sync", "sync_without", "sync_late"}:
             pushed = {g: w.procs[g].incarnation for g in self._up() if g != t}
+            pushed |= {n: 1 for n in self._up_spares() if n != t}
             if k == "sync_late" and isinstance(t, str):
                 pushed[t] = w.procs[t].incarnation - 1  # that process died after the push
             return ev.WeightsSynced(w.fleet + 1, pushed, at=now)
@@ -290,6 +314,13 @@ class Sim:
                 return ev.ExportCancelled(t, at=now)
             if k == "deleted":
                 return ev.CheckpointDeleted(t, at=now)
+        if isinstance(t, str) and t in w.spares:
+            if k == "standby_booted":
+                return ev.StandbyBooted(t, at=now)
+            if k == "standby_loaded":
+                return ev.StandbyLoaded(t, w.loads[(t, 1)].version, at=now)
+            if k in {"standby_boot_fails", "standby_load_fails", "standby_dies"}:
+                return ev.StandbyFailed(t, reason=k.removeprefix("standby_"), at=now)
         if isinstance(t, str) and "#" in t:
             g, i = _proc(t)
             if k == "loaded":
@@ -321,7 +352,7 @@ class Sim:
             self.sink_armed = True
             return []
         event = self.event_for(action)
-        if action.kind == "fail":
+        if action.kind in {"fail", "standby_dies"}:
             self.failures += 1
         return self._send(event)
 
@@ -444,7 +475,11 @@ class Sim:
         w = self.world
         if w.deleting:
             return Action(SCHEDULER, "deleted", min(w.deleting.values()))
+        for n in sorted(w.boots):
+            return Action(SCHEDULER, "standby_booted", n)
         for g, i in sorted(w.loads):
+            if g in w.spares:
+                return Action(SCHEDULER, "standby_loaded", g)
             return Action(SCHEDULER, "loaded", f"{g}#{i}")
         for g, i in sorted(w.relaunches):
             return Action(SCHEDULER, "relaunched", f"{g}#{i}")
@@ -469,7 +504,7 @@ class Sim:
         """Two states with equal keys behave the same from here on (clocks as time left
         until each deadline), so the explorer visits each once."""
         snap = self.controller.snapshot()
-        for g in snap["groups"].values():
+        for g in [*snap["groups"].values(), *snap["standbys"].values()]:
             since = g.pop("since")
             g["waited"] = None if since is None else self.now - since
         snap.pop("now")
@@ -497,6 +532,13 @@ class Sim:
             "pinned": sorted(w.pinned),
             "disk": sorted(w.disk.items()),
             "deleting": sorted(w.deleting.items()),
+            "spares": {
+                n: [s.status, s.holds, s.ever_current, self.now - s.since]
+                for n, s in sorted(w.spares.items())
+                if s.status in {"booting", "up", "loading"}
+            },
+            "boots": sorted(w.boots),
+            "failed_boots": [w.failed_boots, w.exhausted],
             "failures": self.failures,
             "sink": [self.sink_armed, self.sink_lost],
         }

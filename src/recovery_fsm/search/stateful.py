@@ -34,6 +34,9 @@ WIDE = Scope(
     late_syncs=True,
     sink_failures=True,
 )
+# The same world with a pool of one standby (a boot budget of 2, so a pool that keeps
+# failing gives up within an example).
+WIDE_STANDBY = attrs.evolve(WIDE, config=small_config(standby=1, standby_boot_budget=2))
 
 
 # Rules group the actions so the common moves of a race are drawn often and the rest
@@ -45,9 +48,20 @@ TRAINER_STEPS = frozenset({"sync", "export", "tick"})
 EXPORT = frozenset({"export"})
 SYNC = frozenset({"sync"})
 FAILURES = frozenset({"fail"})
-COMPLETIONS = frozenset({"commit", "loaded", "relaunched", "deleted"})
+COMPLETIONS = frozenset(
+    {"commit", "loaded", "relaunched", "deleted", "standby_booted", "standby_loaded"}
+)
 MISHAPS = frozenset(
-    {"export_fails", "export_cancelled", "load_fails", "relaunch_fails", "killed_dies"}
+    {
+        "export_fails",
+        "export_cancelled",
+        "load_fails",
+        "relaunch_fails",
+        "killed_dies",
+        "standby_boot_fails",
+        "standby_load_fails",
+        "standby_dies",
+    }
 )
 # "sync" here is a sync before the current version was exported at all.
 RARE = frozenset(
@@ -118,8 +132,11 @@ def race_search(
         def configure(self, n: int, budget: int, threshold: int, warm: bool) -> None:
             """``warm``: the run resumes from a committed checkpoint of its first weights, so
             a failure before the first sync restarts from it rather than cold."""
-            config = small_config(
-                clean_syncs_to_reenable=n, restart_budget=budget, suspect_threshold=threshold
+            config = attrs.evolve(
+                scope.config,
+                clean_syncs_to_reenable=n,
+                restart_budget=budget,
+                suspect_threshold=threshold,
             )
             self.sim = Sim(attrs.evolve(scope, config=config), rules, host)
             if warm:

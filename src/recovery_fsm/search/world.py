@@ -3,9 +3,10 @@
 The controller's invariants are its own contract. ``World`` is kept independently by the
 search: it learns only from the events that happened and the effects the controller asked
 for, tracks what is on disk, which process of each group runs and what it holds, which
-loaders read which path and what the router sends traffic to, and restates every rule of
-recovery in its own terms: the restart budget, each deadline, the clean-sync streak, the
-choice between an immediate and a cold restart. It flags every request that would hurt in
+loaders read which path and what the router sends traffic to, which standby engines run and
+what they hold, and restates every rule of recovery in its own terms: the restart budget,
+each deadline, the clean-sync streak, the choice between a standby, an immediate and a cold
+restart, the standby pool's size and boot budget. It flags every request that would hurt in
 the real system and every rule the controller did not keep.
 
 It is fed accepted events only, so ``recovery-fsm replay`` can run it over any journal.
@@ -24,8 +25,19 @@ from ..machines import SERVING
 
 @attrs.define
 class Load:
-    path: str
+    path: str | None  # None: a standby claimed as it is (its admission check only)
     version: int
+
+
+@attrs.define
+class Spare:
+    """A standby engine as the runtime sees it."""
+
+    # booting | up | loading | claimed | lost | stopped
+    status: str = "booting"
+    holds: int | None = None
+    since: float = 0.0
+    ever_current: bool = False  # it held the fleet's weights once
 
 
 @attrs.define
@@ -39,7 +51,7 @@ class Proc:
     since: float = 0.0  # when the current status began
     probe_failures: int = 0
     restarts: int = 0
-    via: str | None = None  # how the last restart went: "immediate" or "cold"
+    via: str | None = None  # how the last restart went: "standby", "immediate" or "cold"
 
 
 @attrs.define
@@ -81,6 +93,10 @@ class World:
     deleting: dict[str, int] = attrs.Factory(dict)  # deletes asked for, not done yet
     gone: dict[int, frozenset[str]] = attrs.Factory(dict)  # ended checkpoints: allowed states
     must_stop: tuple[str, int] | None = None  # a process the current event must stop
+    spares: dict[str, Spare] = attrs.Factory(dict)  # every standby ever started
+    boots: set[str] = attrs.Factory(set)  # standby boots still running
+    failed_boots: int = 0  # standbys lost in a row before they ever held the fleet's weights
+    exhausted: bool = False  # the pool reached its boot budget: it never refills again
 
     # -- what happened -------------------------------------------------------------------
 
@@ -106,6 +122,8 @@ class World:
             self.recovery[e.group] = Recovery(start)
         elif isinstance(e, ev.WeightsSynced):
             self._sync(e)
+        elif isinstance(e, (ev.StandbyBooted, ev.StandbyLoaded, ev.StandbyFailed)):
+            self._standby_event(e, out)
         elif isinstance(e, ev.ExportStarted):
             self.exports[e.version] = Export(e.pinned)
             self.started.add(e.version)
@@ -150,10 +168,11 @@ class World:
 
     def _dies(self, group: str, incarnation: int) -> None:
         """That process is gone, and with it whatever it was reading."""
-        self.loads.pop((group, incarnation), None)
+        load = self.loads.pop((group, incarnation), None)
         self.relaunches.discard((group, incarnation))
         p = self.procs[group]
-        if p.incarnation == incarnation and p.status == "loading":
+        reading = load is not None and load.path is not None
+        if p.incarnation == incarnation and p.status == "loading" and reading:
             self.recovery[group].cool()  # it died booting from the checkpoint
         if p.incarnation == incarnation and p.status not in {"retired", "stopped"}:
             p.status, p.holds, p.probe_failures, p.since = "down", None, 0, self.now
@@ -171,10 +190,51 @@ class World:
                     rec.state, rec.streak = "enabled", 0
         self.fleet = e.version
         for name, incarnation in e.groups.items():
+            if name in self.spares:
+                s = self.spares[name]
+                if s.status == "up":
+                    s.holds = e.version
+                    self._current(s)
+                continue
             p = self.procs[name]
             # The push reached that process only; a successor never got it.
             if p.incarnation == incarnation and p.status == "up":
                 p.holds = e.version
+
+    def _current(self, s: Spare) -> None:
+        if s.holds == self.fleet and s.status == "up" and not s.ever_current:
+            s.ever_current = True
+            self.failed_boots = 0
+
+    def _standby_event(
+        self, e: ev.StandbyBooted | ev.StandbyLoaded | ev.StandbyFailed, out: list[str]
+    ) -> None:
+        s = self.spares[e.standby]
+        if isinstance(e, ev.StandbyBooted):
+            self.boots.discard(e.standby)
+            if s.status == "booting":
+                s.status, s.holds, s.since = "up", None, e.at
+        elif isinstance(e, ev.StandbyLoaded):
+            load = self.loads.pop((e.standby, 1), None)
+            if load is None:
+                out.append(f"standby {e.standby} reported a load none runs")
+                return
+            if s.status == "loading":
+                if load.path not in self.disk:
+                    out.append(f"standby {e.standby} finished loading {load.path}, not on disk")
+                s.status, s.holds, s.since = "up", self.disk.get(str(load.path)), e.at
+                self._current(s)
+        else:
+            self.loads.pop((e.standby, 1), None)
+            self.boots.discard(e.standby)
+            if s.status in {"booting", "up", "loading"}:
+                self._lose(s)
+
+    def _lose(self, s: Spare) -> None:
+        if not s.ever_current:
+            self.failed_boots += 1
+            self.exhausted |= self.failed_boots >= self.config.standby_boot_budget
+        s.status, s.holds = "lost", None
 
     def _deleted(self, version: int, out: list[str]) -> None:
         paths = [p for p, v in self.deleting.items() if v == version]
@@ -198,7 +258,11 @@ class World:
             return  # killed or stopped meanwhile: the loader only reports to end its start
         if isinstance(e, ev.RestartLoadFailed):
             p.status, p.since = "down", e.at
-            self.recovery[e.group].cool()
+            if load.path is not None:  # a claim that only failed its check read no checkpoint
+                self.recovery[e.group].cool()
+            return
+        if load.path is None:  # a standby claimed as it is: it holds what it held
+            p.status, p.holds, p.since = "up", load.version, e.at
             return
         if load.path not in self.disk:
             out.append(f"group {e.group} finished loading {load.path}, which is not on disk")
@@ -210,6 +274,7 @@ class World:
         elif isinstance(f, fx.LoadCheckpoint):
             self._load_in_place(f, out)
         elif isinstance(f, fx.RestartCold):
+            self._check_no_better_standby(f.group, "cold restart", out, loads=False)
             p = self._start(f.group, f.incarnation, "cold restart", out)
             if self.recovery[f.group].state == "enabled" and self._current_ready():
                 out.append(
@@ -242,6 +307,106 @@ class World:
                 self.exports[f.version].cancel_requested = True
         elif isinstance(f, fx.DeleteCheckpoint):
             self._delete_asked(f, out)
+        elif isinstance(f, fx.StartStandby):
+            self._start_standby(f, out)
+        elif isinstance(f, fx.LoadStandby):
+            self._load_standby(f, out)
+        elif isinstance(f, fx.StopStandby):
+            self._stop_standby(f, out)
+        elif isinstance(f, fx.ClaimStandby):
+            self._claim(f, out)
+
+    # -- standbys ----------------------------------------------------------------------------
+
+    def _alive(self) -> list[str]:
+        return sorted(n for n, s in self.spares.items() if s.status in {"booting", "up", "loading"})
+
+    def _start_standby(self, f: fx.StartStandby, out: list[str]) -> None:
+        if f.standby in self.spares:
+            out.append(f"standby {f.standby} started twice")
+        if self.closed:
+            out.append(f"standby {f.standby} started after shutdown")
+        if self.exhausted:
+            out.append(
+                f"standby {f.standby} started after {self.config.standby_boot_budget} standbys "
+                "in a row failed to boot: the pool had given up"
+            )
+        self.spares[f.standby] = Spare(since=self.now)
+        self.boots.add(f.standby)
+        if len(self._alive()) > self.config.standby:
+            out.append(f"standbys {self._alive()} alive; the pool's size is {self.config.standby}")
+
+    def _load_standby(self, f: fx.LoadStandby, out: list[str]) -> None:
+        s = self.spares[f.standby]
+        self._check_path(f"standby {f.standby}", f.path, f.version, out)
+        if s.status != "up" or s.holds == self.fleet:
+            out.append(
+                f"standby {f.standby} asked to load C({f.version}) while {s.status} "
+                f"holding version {s.holds}"
+            )
+        s.status, s.since = "loading", self.now
+        self.loads[(f.standby, 1)] = Load(f.path, f.version)
+
+    def _stop_standby(self, f: fx.StopStandby, out: list[str]) -> None:
+        s = self.spares[f.standby]
+        if f.reason == "shutdown":
+            if not self.closed:
+                out.append(f"standby {f.standby} stopped before shutdown")
+            s.status = "stopped"
+            return
+        if s.status not in {"booting", "loading"}:
+            out.append(f"standby {f.standby} killed for a {f.reason} while {s.status}")
+        self._lose(s)
+
+    def _claim(self, f: fx.ClaimStandby, out: list[str]) -> None:
+        """A failed group takes a standby: one that runs and nobody took, current as it is,
+        else after a load of C(v) in place."""
+        s = self.spares.get(f.standby)
+        if s is None or s.status not in {"up", "loading"}:
+            status = "never started" if s is None else s.status
+            out.append(f"group {f.group} claims standby {f.standby}, which is {status}")
+        if s is not None and f.path is None:
+            if s.holds != self.fleet or f.version != s.holds:
+                out.append(
+                    f"group {f.group} claims standby {f.standby} as holding version "
+                    f"{f.version}, but it holds {s.holds}; fleet is {self.fleet}"
+                )
+        elif f.path is not None:
+            self._check_path(f"group {f.group}", f.path, f.version, out)
+            switch = self.recovery[f.group].state
+            if switch != "enabled":
+                out.append(
+                    f"group {f.group} claims a standby to load C({f.version}) while its "
+                    f"immediate recovery is {switch}"
+                )
+            ready = [n for n in self._alive() if self._holds_current(n)]
+            if ready:
+                out.append(
+                    f"group {f.group} claims {f.standby} to load C({f.version}) though "
+                    f"standby {ready[0]} holds it already"
+                )
+        p = self._start(f.group, f.incarnation, "claim", out)
+        p.status, p.via = "loading", "standby"
+        held = s.holds if s is not None and s.holds is not None else -1
+        self.loads[(f.group, f.incarnation)] = Load(f.path, f.version if f.path else held)
+        if s is not None:
+            s.status = "claimed"
+
+    def _holds_current(self, name: str) -> bool:
+        s = self.spares[name]
+        return s.status == "up" and s.holds == self.fleet
+
+    def _check_no_better_standby(self, group: str, what: str, out: list[str], loads: bool) -> None:
+        """A restart while a standby would have served sooner: one holding the fleet's version,
+        or (``loads``: the restart reads C(v)) one that can load it in place."""
+        for name in self._alive():
+            s = self.spares[name]
+            if self._holds_current(name):
+                out.append(f"{what} of group {group} though standby {name} is current")
+                return
+            if loads and s.status in {"up", "loading"}:
+                out.append(f"{what} of group {group} though standby {name} could load C(v)")
+                return
 
     def _start(self, group: str, incarnation: int, what: str, out: list[str]) -> Proc:
         """A new incarnation of a dead group's process, within its restart budget."""
@@ -260,6 +425,7 @@ class World:
 
     def _restart_from(self, f: fx.RestartFromCheckpoint, out: list[str]) -> None:
         self._check_source(f, out)
+        self._check_no_better_standby(f.group, "restart from C", out, loads=True)
         p = self._start(f.group, f.incarnation, "restart", out)
         p.status, p.via = "loading", "immediate"
         self.loads[(f.group, f.incarnation)] = Load(f.path, f.version)
@@ -284,19 +450,23 @@ class World:
         self, f: fx.RestartFromCheckpoint | fx.LoadCheckpoint, out: list[str]
     ) -> None:
         """A load may read only the fleet's committed checkpoint, under an enabled switch."""
-        if f.path not in self.disk:
-            out.append(f"group {f.group} loads {f.path}, which is not a checkpoint on disk")
-        elif self.disk[f.path] != f.version:
-            out.append(f"{f.path} holds version {f.version}, not {self.disk[f.path]}")
-        if f.path in self.deleting:
-            out.append(f"group {f.group} loads {f.path}, whose delete is under way")
-        if f.version != self.fleet:
-            out.append(f"group {f.group} loads version {f.version}; fleet is {self.fleet}")
+        self._check_path(f"group {f.group}", f.path, f.version, out)
         if self.recovery[f.group].state != "enabled":
             out.append(
                 f"group {f.group} loads a checkpoint while its immediate recovery "
                 f"is {self.recovery[f.group].state}"
             )
+
+    def _check_path(self, who: str, path: str, version: int, out: list[str]) -> None:
+        """A load reads the fleet's committed checkpoint, whose delete nobody asked for."""
+        if path not in self.disk:
+            out.append(f"{who} loads {path}, which is not a checkpoint on disk")
+        elif self.disk[path] != version:
+            out.append(f"{path} holds version {version}, not {self.disk[path]}")
+        if path in self.deleting:
+            out.append(f"{who} loads {path}, whose delete is under way")
+        if version != self.fleet:
+            out.append(f"{who} loads version {version}; fleet is {self.fleet}")
 
     def _route(self, f: fx.RouteTraffic, out: list[str]) -> None:
         p = self.procs[f.group]
@@ -331,8 +501,9 @@ class World:
         # its lease until it reports, so the world keeps it reading until then.
         if p.status not in {"loading", "relaunching"}:
             out.append(f"{f.group}#{f.incarnation} killed for a {f.reason} while {p.status}")
-        if p.status == "loading":
-            self.recovery[f.group].cool()
+        load = self.loads.get((f.group, f.incarnation))
+        if p.status == "loading" and load is not None and load.path is not None:
+            self.recovery[f.group].cool()  # a claim that only awaited its check read nothing
         p.status, p.holds, p.since = "down", None, self.now
 
     def _delete_asked(self, f: fx.DeleteCheckpoint, out: list[str]) -> None:
@@ -365,21 +536,67 @@ class World:
             if limit is not None and self.now - p.since >= limit:
                 what = "waits for a checkpoint" if p.status == "down" else f"is {p.status}"
                 out.append(f"group {name} {what} {self.now - p.since:g} s, past its {limit:g} s")
+        spare_limits = {"booting": c.deadline("relaunch"), "loading": c.deadline("load")}
+        for name, s in self.spares.items():
+            limit = spare_limits.get(s.status)
+            if limit is not None and self.now - s.since >= limit:
+                waited = self.now - s.since
+                out.append(f"standby {name} is {s.status} {waited:g} s, past its {limit:g} s")
 
     # -- checks after every step -----------------------------------------------------------
+
+    def _check_standbys(self, c: RecoveryController) -> list[str]:
+        out: list[str] = []
+        views = c.standbys()
+        alive = self._alive()
+        if sorted(views) != alive:
+            out.append(f"the controller keeps standbys {sorted(views)}; running are {alive}")
+        for name in alive:
+            s, view = self.spares[name], views.get(name)
+            if view is None:
+                continue
+            expected = {"booting": "booting", "loading": "loading"}.get(s.status) or (
+                "ready" if s.holds == self.fleet else "stale"
+            )
+            if view.state != expected:
+                out.append(
+                    f"standby {name} is {view.state}; its engine is {s.status} holding "
+                    f"version {s.holds}, fleet {self.fleet}"
+                )
+            if s.status == "up" and s.holds != self.fleet and self._current_ready():
+                out.append(
+                    f"standby {name} holds version {s.holds} though C({self.fleet}) is "
+                    "committed: it should load it in place"
+                )
+        ready = [n for n in alive if self._holds_current(n)]
+        if ready and not self.closed:
+            for name, p in self.procs.items():
+                if p.status == "down":
+                    out.append(f"group {name} waits though standby {ready[0]} is current")
+        exhausted = self.exhausted
+        if not self.closed and not exhausted and len(alive) != self.config.standby:
+            out.append(f"standbys {alive} alive; the pool's size is {self.config.standby}")
+        if self.config.standby and not self.closed:
+            expected_pool = "exhausted" if exhausted else "filling"
+            if c.pool_state != expected_pool:
+                out.append(
+                    f"the pool is {c.pool_state} after {self.failed_boots} failed boots in a "
+                    f"row; expected {expected_pool}"
+                )
+        return out
 
     @property
     def quiescent(self) -> bool:
         """Nothing outstanding in the real world: no write, load, relaunch or delete."""
-        return not (self.exports or self.deleting or self.loads or self.relaunches)
+        return not (self.exports or self.deleting or self.loads or self.relaunches or self.boots)
 
     def check(self, c: RecoveryController) -> list[str]:
         out: list[str] = []
-        live = {f"{g}#{i}" for g, i in self.loads}
+        live = {f"{g}#{i}" for (g, i), load in self.loads.items() if load.path is not None}
         if set(c.leases) != live:
             out.append(f"controller holds leases {sorted(c.leases)}; loaders hold {sorted(live)}")
         for v, ck in c.checkpoints().items():
-            readers = sum(1 for load in self.loads.values() if load.version == v)
+            readers = sum(1 for x in self.loads.values() if x.version == v and x.path is not None)
             if ck.leases != readers:
                 out.append(f"checkpoint {v} counts {ck.leases} leases; {readers} loaders read it")
         for name, g in c.groups().items():
@@ -420,6 +637,7 @@ class World:
                     out.append(f"group {name} still waits though C({self.fleet}) is committed")
                 elif self.fleet in self.started and self.fleet not in self.exports:
                     out.append(f"group {name} still waits for C({self.fleet}), whose export ended")
+        out += self._check_standbys(c)
         for v, allowed in self.gone.items():
             if c.checkpoint_state(v) not in allowed:
                 out.append(f"checkpoint {v} is {c.checkpoint_state(v)}, expected {sorted(allowed)}")
