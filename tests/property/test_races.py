@@ -8,8 +8,8 @@ from pathlib import Path
 
 from budget import BUDGET, search_settings
 
-from recovery_fsm.search import Scope, Sim, explore
-from recovery_fsm.search.stateful import race_search
+from recovery_fsm.search import Scope, Sim, explore, small_config
+from recovery_fsm.search.stateful import WIDE_STANDBY, race_search
 
 # Where a failing example's journal lands: keep it after the run to replay it.
 TRACES = Path(os.environ.get("RECOVERY_FSM_TRACES", Path(tempfile.gettempdir()) / "recovery-fsm"))
@@ -17,6 +17,13 @@ TRACES = Path(os.environ.get("RECOVERY_FSM_TRACES", Path(tempfile.gettempdir()) 
 RealControllerRaces = race_search(journal_dir=TRACES)
 TestRealControllerRaces = RealControllerRaces.TestCase
 TestRealControllerRaces.settings = search_settings(BUDGET.examples)
+
+# The same search with a pool of one standby beside the three groups.
+StandbyRaces = race_search(scope=WIDE_STANDBY, journal_dir=TRACES)
+TestStandbyRaces = StandbyRaces.TestCase
+TestStandbyRaces.settings = search_settings(BUDGET.examples)
+# One group and a standby: small enough to explore, with every state settled fairly.
+STANDBY_SCOPE = Scope(groups=("g0",), config=small_config(standby=1, standby_boot_budget=2))
 
 
 def test_explorer_finds_no_violation_in_the_real_controller() -> None:
@@ -30,6 +37,21 @@ def test_explorer_finds_no_violation_in_the_real_controller() -> None:
 def test_every_state_settles_when_failures_stop() -> None:
     result = explore(BUDGET.liveness_depth, liveness=True, journal_dir=TRACES)
     assert not result.found, result.report()
+
+
+def test_explorer_finds_no_violation_with_a_standby_pool() -> None:
+    result = explore(BUDGET.liveness_depth, STANDBY_SCOPE, liveness=True, journal_dir=TRACES)
+    print(result.report())
+    assert not result.found, result.report()
+    assert len(result.new_states) == BUDGET.liveness_depth and all(result.new_states)
+
+
+def test_settle_brings_a_group_back_through_a_current_standby() -> None:
+    sim = _walk(Sim(STANDBY_SCOPE), ["standby_booted(standby-1)", "sync", "fail(g0)"])
+    assert sim.world.procs["g0"].via == "standby"
+    assert sim.settle() == []
+    assert sim.outcomes() == {"g0": "active as #2 (standby restart)"}
+    assert sorted(sim.controller.standbys()) == ["standby-2"]
 
 
 def test_settle_brings_failed_groups_back() -> None:

@@ -43,6 +43,8 @@ class Variant:
     bug: str  # one line: what the broken code does
     patches: tuple[tuple[str, str], ...]  # (old snippet, new snippet), applied in order
     target: str = "rules"  # the module patched: "rules" or "controller" (a broken hosting)
+    # The world searched: "wide" (groups only) or "standby" (the same with a standby pool).
+    scope: str = "wide"
 
     @property
     def module(self) -> str:
@@ -355,6 +357,99 @@ HOSTING_VARIANTS: tuple[Variant, ...] = (
         target="controller",
     ),
 )
+
+# Standbys: the search runs with a pool (``scope="standby"``).
+STANDBY_VARIANTS: tuple[Variant, ...] = (
+    Variant(
+        "stale-standby-admitted",
+        "Takes a standby that holds weights as it is, though they are older than the fleet's.",
+        (
+            (
+                f"{IN * 2}standby = self._first_standby(StandbyState.READY)\n",
+                f"{IN * 2}standby = next(\n"
+                f"{IN * 3}(s for s in self.standbys.values() if s.record.state in "
+                f"{{StandbyState.READY, StandbyState.STALE}} and s.record.version is not None),\n"
+                f"{IN * 3}None,\n"
+                f"{IN * 2})\n",
+            ),
+        ),
+        scope="standby",
+    ),
+    Variant(
+        "standby-claimed-twice",
+        "Hands a standby to a failed group but leaves it in the pool, free for the next one.",
+        (
+            (
+                f"{IN * 2}self._fire_standby(sb, StandbyEvent.CLAIM)\n"
+                f"{IN * 2}self._forget_standby(sb)\n",
+                f"{IN * 2}pass  # the standby stays in the pool\n",
+            ),
+        ),
+        scope="standby",
+    ),
+    Variant(
+        "dead-standby-claimed",
+        "Handles a standby's failure only while it boots: one that dies idle stays in the pool.",
+        (
+            (
+                f"{IN * 2}if sb is None:\n{IN * 3}return\n{IN * 2}self._lose_standby(sb)\n",
+                f"{IN * 2}if sb is None:\n{IN * 3}return\n"
+                f"{IN * 2}if sb.record.state == StandbyState.BOOTING:\n"
+                f"{IN * 3}self._lose_standby(sb)\n"
+                f"{IN * 2}else:\n"
+                f"{IN * 3}self._end_standby_start(sb)  # its engine died; the pool keeps it\n",
+            ),
+        ),
+        scope="standby",
+    ),
+    Variant(
+        "standby-load-unleased",
+        "Loads the checkpoint into a standby without leasing it: a sync may delete it under "
+        "the load.",
+        (
+            (
+                f'{IN * 2}self.starts[(s.name, 1)] = Start("load", lease)\n'
+                f"{IN * 2}ck.record.leases += 1\n",
+                f'{IN * 2}self.starts[(s.name, 1)] = Start("load", lease)\n',
+            ),
+            (
+                f"{IN * 2}start = self.starts.pop((sb.record.name, 1), None)\n"
+                f"{IN * 2}if start is not None and start.lease is not None:\n"
+                f"{IN * 3}ck = self.checkpoints[start.lease.version]\n"
+                f"{IN * 3}ck.record.leases -= 1\n",
+                f"{IN * 2}start = self.starts.pop((sb.record.name, 1), None)\n"
+                f"{IN * 2}if start is not None and start.lease is not None:\n"
+                f"{IN * 3}ck = self.checkpoints.get(start.lease.version)\n"
+                f"{IN * 3}if ck is None:\n{IN * 4}return\n",
+            ),
+        ),
+        scope="standby",
+    ),
+    Variant(
+        "pool-never-gives-up",
+        "Refills the pool after every loss, however many standbys in a row failed to boot.",
+        (
+            (
+                f"{IN * 2}if self.closed or pool.state != PoolState.FILLING:\n",
+                f"{IN * 2}if self.closed:\n",
+            ),
+        ),
+        scope="standby",
+    ),
+    Variant(
+        "standby-after-restart",
+        "Restarts a failed group from the checkpoint (or cold) before looking for a standby "
+        "that holds the current weights.",
+        (
+            (
+                f"{IN * 2}if self._claim_ready(g):\n{IN * 3}return\n{IN * 2}r = g.record\n",
+                f"{IN * 2}r = g.record\n",
+            ),
+        ),
+        scope="standby",
+    ),
+)
+VARIANTS = VARIANTS + STANDBY_VARIANTS
 
 BY_NAME = {v.name: v for v in VARIANTS + HOSTING_VARIANTS}
 RULES_VARIANTS = sorted(v.name for v in VARIANTS)
