@@ -58,10 +58,11 @@ from .events import (
     WeightsSynced,
 )
 from .machines import SYNC_VERDICTS, sync_verdict
-from .rules import Rules
+from .rules import STANDBY_PREFIX, Rules
 from .state import Lease
 
 __all__ = [
+    "STANDBY_PREFIX",
     "SYNC_VERDICTS",
     "BadExportInput",
     "CancelExport",

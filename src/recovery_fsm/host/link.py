@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from .. import CheckpointView, Effect, Event, GroupView, RecoveryController
+from .. import CheckpointView, Effect, Event, GroupView, RecoveryController, StandbyView
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,10 @@ class ControllerQueries(Protocol):
     def checkpoints(self) -> dict[int, CheckpointView]: ...
 
     def outstanding(self) -> list[str]: ...
+
+    def standbys(self) -> dict[str, StandbyView]: ...
+
+    def up_standbys(self) -> list[str]: ...
 
 
 class ControllerLink:

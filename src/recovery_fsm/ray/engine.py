@@ -18,6 +18,8 @@ behind a load.)
 - ``boot_empty()``: start without real weights (the cold path; a weight sync follows).
 - ``update_weights(version, weights)``: take a pushed version and report the digest held.
 - ``weights()``: the version and digest held now.
+- ``assume(group, incarnation)``: a warm standby is handed to ``group`` as its process
+  ``incarnation`` (its generations say so from now on); answers what it holds.
 - ``canary(prompt, new_tokens)``: greedy tokens and their log-probabilities
   (``export.canary.Answer``): admission asks every engine, after every boot, load and push.
 - ``shutdown()``: release what it holds.
@@ -69,6 +71,7 @@ class RolloutEngine(Protocol):
     def boot_empty(self) -> WeightsHeld: ...
     def update_weights(self, version: int, weights: dict[str, torch.Tensor]) -> WeightsHeld: ...
     def weights(self) -> WeightsHeld: ...
+    def assume(self, group: str, incarnation: int) -> WeightsHeld: ...
     def canary(self, prompt: list[int], new_tokens: int) -> Answer: ...
     def shutdown(self) -> None: ...
 
@@ -115,6 +118,12 @@ class ReferenceEngine:
         held = self.boot_from_checkpoint(path)
         self.incarnation = incarnation
         return held
+
+    def assume(self, group: str, incarnation: int) -> WeightsHeld:
+        """A standby becomes ``group``'s process ``incarnation``: its generations say so."""
+        with self._lock:
+            self.group, self.incarnation = group, incarnation
+            return self.held
 
     def boot_empty(self) -> WeightsHeld:
         import transformers

@@ -24,7 +24,15 @@ from typing import Any
 
 import ray
 
-from .. import CheckpointView, GroupView, RecoveryConfig, RecoveryController, RecoveryError, Rules
+from .. import (
+    CheckpointView,
+    GroupView,
+    RecoveryConfig,
+    RecoveryController,
+    RecoveryError,
+    Rules,
+    StandbyView,
+)
 from .. import effects as fx
 from .. import events as ev
 from ..host import EffectError, FailedEffects
@@ -119,6 +127,7 @@ class RecoveryControllerActor:
 _QUERIES = (
     "up_groups", "group", "groups", "incarnation", "group_state", "recovery_state",
     "checkpoint_state", "checkpoints", "outstanding", "drained", "closed", "version",
+    "standbys", "up_standbys", "pool_state",
 )  # fmt: skip
 
 
@@ -166,6 +175,12 @@ class RemoteController:
 
     def outstanding(self) -> list[str]:
         return list(self._q("outstanding"))
+
+    def standbys(self) -> dict[str, StandbyView]:
+        return dict(self._q("standbys"))
+
+    def up_standbys(self) -> list[str]:
+        return list(self._q("up_standbys"))
 
     @property
     def drained(self) -> bool:

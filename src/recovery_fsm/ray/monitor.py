@@ -12,6 +12,10 @@ a load in place keeps it (the same process goes on under a new number, and the w
 it fires, is reported for the number the process has then), and an actor that leaves the
 table (replaced, stopped) is dropped. An actor's watch is armed once: the engine's "watch"
 concurrency group runs one call at a time, so a second would queue behind the first.
+
+Standbys are watched the same way (a death is ``StandbyFailed``) and pinged in the same round
+once booted: ``standby_probe_failures`` rounds in a row without an answer, or a current one
+answering an older version, and the standby is stopped and reported lost.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 import ray
 
+from .. import STANDBY_PREFIX, StandbyView
 from .. import events as ev
 from ..host import ControllerQueries
 from .actors import ActorTable, kill
@@ -44,6 +49,8 @@ class HealthMonitor:
         probe_timeout_s: float,
         grace_s: float,
         check_versions: bool = True,
+        watch_standbys: bool = False,
+        standby_probe_failures: int = 3,
     ) -> None:
         self._reporter = reporter
         self._controller = controller
@@ -53,6 +60,9 @@ class HealthMonitor:
         self.probe_timeout_s = probe_timeout_s
         self.grace_s = grace_s
         self.check_versions = check_versions
+        self.watch_standbys = watch_standbys  # the runtime has a standby pool
+        self.standby_probe_failures = standby_probe_failures
+        self._standby_misses: dict[str, int] = {}  # standby -> probes unanswered in a row
         self._stop = threading.Event()
         self._paused = threading.Event()
         self._watches: dict[Any, Any] = {}  # ObjectRef -> the actor it watches
@@ -91,11 +101,14 @@ class HealthMonitor:
                 if self._stop.is_set():
                     return
                 up = self._controller.up_groups()
-                self._arm_watches(up)
+                standbys = self._controller.standbys() if self.watch_standbys else {}
+                self._arm_watches({**up, **dict.fromkeys(standbys, 1)})
                 if time.monotonic() >= next_probe:
                     next_probe = time.monotonic() + self.probe_interval_s
                     if not self._paused.is_set():
                         self._probe(up)
+                        if standbys:
+                            self._probe_standbys(standbys)
                 self._wait_for_death(min(self.tick_s, max(0.0, next_probe - time.monotonic())))
             except Exception:
                 log.exception("health monitor round failed; going on")
@@ -117,7 +130,10 @@ class HealthMonitor:
             for ref in ready:
                 actor = self._watches[ref]
                 owner = self._table.owner(actor)  # the process it belongs to now
-                if owner is not None:
+                if owner is not None and owner[0] in self._controller.standbys():
+                    self._reporter.report_once(ev.StandbyFailed, standby=owner[0],
+                                               reason="actor died")  # fmt: skip
+                elif owner is not None and not owner[0].startswith(STANDBY_PREFIX):
                     g, inc = owner
                     now = self._controller.group(g)  # if this raises, the watch stays
                     # Up, or loading a checkpoint in place: the same process, still the
@@ -169,6 +185,43 @@ class HealthMonitor:
             self._reporter.report_once(
                 ev.ProbeOk if ok else ev.ProbeFailed, group=g, incarnation=inc
             )
+
+
+    def _probe_standbys(self, standbys: Mapping[str, StandbyView]) -> None:
+        """Ping every booted standby under one timeout; stop and report the silent (for
+        ``standby_probe_failures`` rounds in a row) and the current ones holding less."""
+        now = time.monotonic()
+        pings: dict[str, list[Any]] = {}
+        for s, view in standbys.items():
+            started = self._table.started_at(s, 1)
+            actors = self._table.of(s, 1)
+            booted = view.state != "booting" and actors and started is not None
+            if booted and now - started >= self.grace_s:  # type: ignore[operator]
+                pings[s] = [a.ping.remote() for a in actors]
+        for s in [s for s in self._standby_misses if s not in standbys]:
+            del self._standby_misses[s]
+        refs = [r for rs in pings.values() for r in rs]
+        if not refs:
+            return
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.probe_timeout_s)
+        done = set(ready)
+        for s, rs in pings.items():
+            answers = [_answer(r) if r in done else _NO_ANSWER for r in rs]
+            believed = standbys[s].version if standbys[s].ready else None
+            wrong = [a for a in answers if a is not _NO_ANSWER and not _holds(a, believed)]
+            misses = self._standby_misses.get(s, 0) + 1 if _NO_ANSWER in answers else 0
+            self._standby_misses[s] = misses
+            why = (
+                f"holds version {wrong[0]}, not {believed}"
+                if wrong and self.check_versions
+                else f"{misses} probes unanswered"
+                if misses >= self.standby_probe_failures
+                else None
+            )
+            if why is not None:
+                kill(self._table.take(s, 1))
+                self._standby_misses.pop(s, None)
+                self._reporter.report_once(ev.StandbyFailed, standby=s, reason=why)
 
 
 _NO_ANSWER = object()

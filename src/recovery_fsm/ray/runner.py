@@ -7,6 +7,13 @@ it ends. A start from a checkpoint passes admission (``admission.py``: the diges
 the engine computes digests, and the canary the manifest records), or the start failed (never
 a retry loop). The runner decides nothing: it reports.
 
+Standbys are processes under their own names in the actor table (incarnation 1), with a lane
+each. A claim moves the standby's actors to the group's new incarnation at once, on the
+link's thread (so a kill or a watch after it finds them under the group), then runs on the
+group's lane: each actor ``assume``s the group's name, loads C(v) in place if the claim says
+so, and passes admission against the checkpoint's record or, for a standby that took the
+trainer's push, against the push's (``expected``: version -> its digest and canary).
+
 Lifecycle: ``pause`` holds new starts and deletes in their lanes (kills and routing still
 run), ``resume`` runs them in order, ``halt`` (fail-stop) runs nothing more, ``close``
 waits for what runs. An effect whose execution raised is kept in ``failed`` (counted,
@@ -28,6 +35,7 @@ from typing import Any
 from .. import effects as fx
 from .. import events as ev
 from ..export import CheckpointStore
+from ..export.canary import Canary
 from ..host import EffectError, FailedEffects
 from . import admission
 from .actors import ActorTable, BootFailed, Launcher, kill
@@ -50,6 +58,7 @@ class EffectRunner:
         cancel_export: Callable[[int], Any],
         max_parallel: int,
         delete_attempts: int = 5,
+        expected: Callable[[int], tuple[str | None, Canary | None] | None] = lambda _v: None,
     ) -> None:
         self._launcher = launcher
         self._table: ActorTable = launcher.table
@@ -59,6 +68,7 @@ class EffectRunner:
         self._store = store
         self._cancel_export = cancel_export
         self.delete_attempts = delete_attempts
+        self._expected = expected
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="recovery-fsm-run")
         self._lock = threading.Lock()
         self._lanes: dict[str, collections.deque[fx.Effect]] = {}
@@ -159,6 +169,15 @@ class EffectRunner:
                 self._queue(f"group:{g}", effect)
             case fx.RestartFromCheckpoint(group=g) | fx.RestartCold(group=g):
                 self._queue(f"group:{g}", effect)
+            case fx.StopStandby(standby=s):
+                kill(self._table.take(s, 1))
+            case fx.StartStandby(standby=s) | fx.LoadStandby(standby=s):
+                self._queue(f"standby:{s}", effect)
+            case fx.ClaimStandby(group=g, incarnation=inc, standby=s):
+                # The standby's actors are the group's from now on (an own load of theirs
+                # still running finds them gone from the standby and reports it failed).
+                kill(self._table.replace(g, inc, self._table.take(s, 1)))
+                self._queue(f"group:{g}", effect)
             case fx.DeleteCheckpoint(version=v):
                 self._queue(f"checkpoint:{v}", effect)
             case _:
@@ -216,6 +235,31 @@ class EffectRunner:
                     kill(self._table.take(g, inc))
                     self._reporter.report(ev.RelaunchFailed if cold else ev.RestartLoadFailed,
                                           group=g, incarnation=inc, error=error)  # fmt: skip
+            case fx.ClaimStandby(group=g, incarnation=inc):
+                try:
+                    error = self._claim(effect)
+                except Exception as err:
+                    log.exception("claiming %r raised", effect)
+                    error = f"{type(err).__name__}: {err}"[:500]
+                if error is None:
+                    self._reporter.report(ev.RestartLoaded, group=g, incarnation=inc)
+                else:
+                    kill(self._table.take(g, inc))
+                    self._reporter.report(ev.RestartLoadFailed, group=g, incarnation=inc,
+                                          error=error)  # fmt: skip
+            case fx.StartStandby(standby=s) | fx.LoadStandby(standby=s):
+                try:
+                    error = self._standby(effect)
+                except Exception as err:
+                    log.exception("running %r raised", effect)
+                    error = f"{type(err).__name__}: {err}"[:500]
+                if error is None and isinstance(effect, fx.StartStandby):
+                    self._reporter.report(ev.StandbyBooted, standby=s)
+                elif error is None and isinstance(effect, fx.LoadStandby):
+                    self._reporter.report(ev.StandbyLoaded, standby=s, version=effect.version)
+                else:
+                    kill(self._table.take(s, 1))
+                    self._reporter.report(ev.StandbyFailed, standby=s, reason=str(error))
             case fx.DeleteCheckpoint(version=v, path=path):
                 self._delete(v, path, effect)
             case _:
@@ -241,6 +285,60 @@ class EffectRunner:
             self._launcher, g, inc, outcome,
             digest=manifest["weights_digest"], canary=admission.manifest_canary(manifest),
         )  # fmt: skip
+
+    def _standby(self, effect: fx.StartStandby | fx.LoadStandby) -> str | None:
+        """Boot a standby empty, or load C(v) into it in place and admit what it holds;
+        why it failed, or None."""
+        s = effect.standby
+        if isinstance(effect, fx.StartStandby):
+            outcome = self._launcher.boot(s, 1, lambda a: a.boot_empty.remote())
+            return outcome.reason if isinstance(outcome, BootFailed) else None
+        self._counters.load_begins(effect.path)
+        try:
+            outcome = self._launcher.call_all(
+                s, 1, lambda a: a.load_checkpoint.remote(effect.path, 1)
+            )
+        finally:
+            self._counters.load_ends(effect.path)
+        if isinstance(outcome, BootFailed):
+            return outcome.reason
+        manifest = self._store.read_manifest(effect.path)
+        return admission.refusal(
+            self._launcher, s, 1, outcome,
+            digest=manifest["weights_digest"], canary=admission.manifest_canary(manifest),
+        )  # fmt: skip
+
+    def _claim(self, effect: fx.ClaimStandby) -> str | None:
+        """The standby's actors take the group's name; with a path they load C(v) first.
+        Either way they pass admission before the group serves: why not, or None."""
+        g, inc, path = effect.group, effect.incarnation, effect.path
+        outcome = self._launcher.call_all(g, inc, lambda a: a.assume.remote(g, inc))
+        if isinstance(outcome, BootFailed):
+            return outcome.reason
+        if path is not None:
+            self._counters.load_begins(path)
+            try:
+                outcome = self._launcher.call_all(
+                    g, inc, lambda a: a.load_checkpoint.remote(path, inc)
+                )
+            finally:
+                self._counters.load_ends(path)
+            if isinstance(outcome, BootFailed):
+                return outcome.reason
+            manifest = self._store.read_manifest(path)
+            digest, canary = manifest["weights_digest"], admission.manifest_canary(manifest)
+        else:
+            record = self._expected(effect.version)
+            if record is None:
+                return (
+                    f"no record of what version {effect.version} holds (no push or "
+                    "checkpoint of it): the standby cannot be admitted"
+                )
+            digest, canary = record
+        if any(h.version != effect.version for h in outcome.held):
+            held = sorted({str(h.version) for h in outcome.held})
+            return f"the standby holds version {', '.join(held)}, not {effect.version}"
+        return admission.refusal(self._launcher, g, inc, outcome, digest=digest, canary=canary)
 
     def _start_cold(self, g: str, inc: int) -> str | None:
         outcome = self._launcher.boot(g, inc, lambda a: a.boot_empty.remote())

@@ -122,6 +122,11 @@ class RecoveryRuntime:
     ``check_versions``: a serving engine whose probe answers an older weight version than the
     controller believes has failed. A trainer that pushes through its own transport (not
     ``push``) must set each engine's version in that push, or turn this off.
+    ``standby``: warm standby engines kept booted beside the groups (sets the config's
+    ``standby``), placed with the same ``actor_options``. ``standby_push``: each sync pushes
+    to the standbys too, so they are current at once (the push's cost per standby); False:
+    they load each recovery checkpoint in place when it commits (a disk read per standby,
+    current only from the commit on).
     """
 
     def __init__(
@@ -150,10 +155,21 @@ class RecoveryRuntime:
         exporter_options: Mapping[str, Any] | None = None,
         controller_actor: Any = None,
         rules: type[Rules] = Rules,
+        standby: int | None = None,
+        standby_push: bool = True,
     ) -> None:
         self.groups = list(groups)
         self.model_config = _config_dict(model_config)
         self.config = config or RecoveryConfig()
+        if standby is not None:
+            if type(standby) is not int or standby < 0:
+                raise BadRuntimeInput(f"standby must be an int >= 0, got {standby!r}")
+            self.config = attrs.evolve(self.config, standby=standby)
+        if not isinstance(standby_push, bool):
+            raise BadRuntimeInput(f"standby_push must be a bool, got {standby_push!r}")
+        self.standby_push = standby_push
+        # What the latest pushed version should show at admission: (version, digest, canary).
+        self._pushed: tuple[int, str | None, Canary] | None = None
         self.initial_version = initial_version
         self.call_timeout_s = call_timeout_s
         self.push_timeout_s = push_timeout_s
@@ -195,12 +211,14 @@ class RecoveryRuntime:
         self.runner = EffectRunner(
             launcher=self.launcher, reporter=self.reporter, counters=self.counters,
             router=self.router, store=self.store, cancel_export=self.exporter.cancel,
-            max_parallel=max_parallel or len(self.groups) + 1, delete_attempts=delete_attempts,
+            max_parallel=max_parallel or len(self.groups) + self.config.standby + 1,
+            delete_attempts=delete_attempts, expected=self._expected,
         )  # fmt: skip
         self.monitor = HealthMonitor(
             reporter=self.reporter, controller=self.controller, table=self.actors_table,
             tick_s=tick_s, probe_interval_s=probe_interval_s, probe_timeout_s=probe_timeout_s,
             grace_s=grace_s, check_versions=check_versions,
+            watch_standbys=self.config.standby > 0,
         )  # fmt: skip
         self.failstop.on_trip(self.runner.halt)
         self.failstop.on_trip(lambda: self.monitor.stop(timeout=0))
@@ -280,6 +298,8 @@ class RecoveryRuntime:
         expected = canary if canary is not None else canary_of(model)
         loads_before = self.counters.loads_in_place_by_group()  # before the snapshot of who is up
         up = self.controller.up_groups()
+        if self.standby_push and self.config.standby:
+            up |= dict.fromkeys(self.controller.up_standbys(), 1)
         prompt, n = list(expected.prompt), len(expected.answer.tokens)
         deadline = time.monotonic() + self.push_timeout_s
         # Each actor's canary is asked right behind its update (an actor runs its calls in
@@ -288,7 +308,7 @@ class RecoveryRuntime:
             {(g, inc): [ref for a in self.actors_table.of(g, inc)
                         for ref in (a.update_weights.remote(version, weights),
                                     a.canary.remote(prompt, n))]
-             for g, inc in up.items()},
+             for g, inc in up.items() if self.actors_table.of(g, inc)},
             deadline,
         )  # fmt: skip
         loads_after = self.counters.loads_in_place_by_group()
@@ -307,6 +327,7 @@ class RecoveryRuntime:
                          version, g, inc)  # fmt: skip
             else:
                 got[g] = inc
+        self._pushed = (version, digest, expected)
         return got
 
     def synced(
@@ -347,6 +368,18 @@ class RecoveryRuntime:
             version, model, pinned=pinned, tokenizer=tokenizer,
             canary=canary if canary is not None else canary_of(model),
         )  # fmt: skip
+
+    def _expected(self, version: int) -> tuple[str | None, Canary | None] | None:
+        """What an engine holding ``version`` should show at admission: the push's record, or
+        the manifest of that version's checkpoint if it is on disk."""
+        pushed = self._pushed
+        if pushed is not None and pushed[0] == version:
+            return pushed[1], pushed[2]
+        path = self.store.path_for(version)
+        if path.is_dir():
+            manifest = self.store.read_manifest(path)
+            return manifest["weights_digest"], admission.manifest_canary(manifest)
+        return None
 
     def generate(self, group: str, prompt: list[int], max_new_tokens: int = 8) -> Generation:
         """Generate on ``group``, which must be serving (``NotServing`` otherwise)."""

@@ -154,6 +154,12 @@ class VLLMEngine:
     def weights(self) -> WeightsHeld:
         return WeightsHeld(self._held_version(), None)
 
+    def assume(self, group: str, incarnation: int) -> WeightsHeld:
+        """A standby becomes ``group``'s process ``incarnation``: its generations say so."""
+        with self._lock:
+            self.group, self.incarnation = group, incarnation
+            return WeightsHeld(self._held_version(), None)
+
     # -- requests ----------------------------------------------------------------------------
 
     def canary(self, prompt: list[int], new_tokens: int) -> Answer:

@@ -1,0 +1,132 @@
+"""Warm standbys on a real local Ray cluster with the reference engine: kept current by the push
+or by loading each checkpoint in place, claimed by a killed group without a boot, checked at
+admission, replaced when they die, stopped at shutdown. Each journal replays clean."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TINY_LLAMA, serving, wait_for
+
+ray = pytest.importorskip("ray")
+torch = pytest.importorskip("torch")
+
+from test_ray_runtime import assert_replays_clean, journal_events, runtime, step, trainer  # noqa: E402
+
+from recovery_fsm.ray import ReferenceEngine  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+assert TINY_LLAMA
+
+
+def standby_state(rt: Any, name: str) -> str | None:
+    view = rt.controller.standbys().get(name)
+    return None if view is None else view.state
+
+
+def test_a_pushed_standby_replaces_a_killed_group_without_a_boot(tmp_path: Path) -> None:
+    model = trainer()
+    with runtime(tmp_path, standby=1) as rt:
+        rt.start(model)
+        wait_for(lambda: standby_state(rt, "standby-1") == "stale", what="standby-1 booted")
+        step(model)
+        got = rt.sync(model, 1)
+        assert got == {"g0": 1, "g1": 1, "standby-1": 1}  # the push reached the standby
+        assert standby_state(rt, "standby-1") == "ready"
+        [spare] = rt.actors_table.of("standby-1", 1)
+        before = rt.generate("g0", [1, 2, 3])
+
+        rt.kill("g0")
+        wait_for(lambda: rt.controller.incarnation("g0") == 2 and serving(rt, "g0"),
+                 what="g0 back on the standby")  # fmt: skip
+        assert rt.actors("g0", 2) == [spare]  # the standby's own process, not a new one
+        after = rt.generate("g0", [1, 2, 3])
+        assert (after.tokens, after.version, after.group, after.incarnation) == (
+            before.tokens, 1, "g0", 2,
+        )  # fmt: skip
+        assert rt.statistics().recoveries == {"standby": 1}
+        # The pool refills with a new engine; the next sync makes it current.
+        wait_for(lambda: standby_state(rt, "standby-2") == "stale", what="standby-2 booted")
+        step(model)
+        assert "standby-2" in rt.sync(model, 2)
+    claims = journal_events(tmp_path, "ClaimStandby")
+    assert claims == []  # effects are not events: the claim shows as the group's transition
+    assert_replays_clean(tmp_path)
+
+
+def test_in_load_mode_a_standby_loads_each_checkpoint_and_is_claimed_as_it_is(
+    tmp_path: Path,
+) -> None:
+    model = trainer()
+    with runtime(tmp_path, standby=1, standby_push=False) as rt:
+        rt.start(model)
+        wait_for(lambda: standby_state(rt, "standby-1") == "stale", what="standby-1 booted")
+        step(model)
+        assert "standby-1" not in rt.sync(model, 1)
+        wait_for(lambda: standby_state(rt, "standby-1") == "ready", what="C(1) loaded in place")
+        rt.kill("g1")
+        wait_for(lambda: rt.controller.incarnation("g1") == 2 and serving(rt, "g1"),
+                 what="g1 back on the standby")  # fmt: skip
+        assert rt.generate("g1", [4, 5]).version == 1
+        assert rt.statistics().recoveries == {"standby": 1}
+        assert rt.statistics().safety.loads_from_deleted == 0
+    loaded = journal_events(tmp_path, "StandbyLoaded")
+    assert [(e["standby"], e["version"]) for e in loaded] == [("standby-1", 1)]
+    assert_replays_clean(tmp_path)
+
+
+class CorruptingEngine(ReferenceEngine):
+    """Loses its weights when it is handed to a group: admission must refuse it."""
+
+    def assume(self, group: str, incarnation: int) -> Any:
+        held = super().assume(group, incarnation)
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.mul_(-1.0)
+        return held
+
+
+def test_a_standby_that_fails_admission_is_not_routed_and_the_group_restarts(
+    tmp_path: Path,
+) -> None:
+    model = trainer()
+    with runtime(tmp_path, standby=1, engine=CorruptingEngine) as rt:
+        rt.start(model)
+        wait_for(lambda: standby_state(rt, "standby-1") == "stale", what="standby-1 booted")
+        step(model)
+        rt.sync(model, 1)
+        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+        rt.kill("g0")
+        # The claim fails its check (digest and canary); C(1) is ready: an immediate restart.
+        wait_for(lambda: rt.controller.incarnation("g0") == 3 and serving(rt, "g0"),
+                 what="g0 restarted from C(1)", timeout=120)  # fmt: skip
+        assert rt.statistics().recoveries == {"immediate": 1}
+        assert rt.generate("g0", [1, 2]).incarnation == 3
+    [failed] = journal_events(tmp_path, "RestartLoadFailed")
+    assert (failed["group"], failed["incarnation"]) == ("g0", 2)
+    assert "digest gate" in failed["error"] or "canary" in failed["error"]
+    assert_replays_clean(tmp_path)
+
+
+def test_a_dead_standby_is_replaced_and_shutdown_stops_the_pool(tmp_path: Path) -> None:
+    model = trainer()
+    rt = runtime(tmp_path, standby=1)
+    with rt:
+        rt.start(model)
+        wait_for(lambda: standby_state(rt, "standby-1") == "stale", what="standby-1 booted")
+        [first] = rt.actors_table.of("standby-1", 1)
+        ray.kill(first, no_restart=True)
+        wait_for(lambda: standby_state(rt, "standby-2") == "stale", what="standby-2 booted")
+        assert "standby-1" not in rt.controller.standbys()
+        [second] = rt.actors_table.of("standby-2", 1)
+    assert rt.controller.drained
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(second.ping.remote(), timeout=30)
+    [died] = journal_events(tmp_path, "StandbyFailed")
+    assert (died["standby"], died["reason"]) == ("standby-1", "actor died")
+    assert_replays_clean(tmp_path)
