@@ -1,4 +1,5 @@
-"""Recovery latency, immediate vs the cold path, at three step lengths, next to its limit.
+"""Recovery latency by path (a warm standby, immediate, cold) at three step lengths, next to
+its limit.
 
     .venv/bin/python benchmarks/bench_recovery.py [--steps-s 4 16 64] [--trials 3]
         [--engine reference vllm]
@@ -9,10 +10,13 @@ same run. The trainer syncs a new version every step (one optimizer step, a push
 the object store, an export). In each trial one group is killed at a point of a step spread
 evenly over the trials (1/6, 1/2, 5/6 of the step for three), after that step's export
 committed; latency runs from the kill to the moment the group is routed again holding the
-fleet's current version. The immediate path boots from the
-committed checkpoint; the cold path (``immediate_recovery=False``, what frameworks do today)
-boots empty and serves after the next sync. Idle group-seconds per failure come from the
-journal (``Ledger``).
+fleet's current version. The standby path hands the group a warm
+standby engine that took the step's push (``standby=1``; the pool boots a replacement at
+once, on the same two cores); the immediate path boots from the committed checkpoint; the
+cold path (``immediate_recovery=False``, what frameworks do today) boots empty and serves
+after the next sync. Idle group-seconds per failure come from the journal (``Ledger``).
+"detected" is the kill to the controller's decision (its new incarnation): what a standby's
+recovery cannot go below, with the admission check (the canary, measured with the limit).
 
 The limit, measured in the same minutes as each row (one boot right before each trial's
 kill): a fresh engine actor started and loading the committed checkpoint from the page cache
@@ -67,23 +71,29 @@ class Clock:
             return (self.routed[group][0], self.routed[group][2]) if ok else None
 
 
-def run_path(work: Path, config: dict[str, Any], engine: str, immediate: bool, step_s: float,
+PATHS = ("standby", "immediate", "cold")
+
+
+def run_path(work: Path, config: dict[str, Any], engine: str, path: str, step_s: float,
              trials: int, seed: int) -> dict[str, Any]:  # fmt: skip
     clock = Clock()
     trainer = SyntheticTrainer(config, seed)
-    tag = f"{engine}-{'immediate' if immediate else 'cold'}-{step_s:g}"
+    tag = f"{engine}-{path}-{step_s:g}"
     (work / tag).mkdir(parents=True)
     rt = RecoveryRuntime(
         work / tag / "ckpt", groups=["g0", "g1"], model_config=config,
-        config=RecoveryConfig(immediate_recovery=immediate, restart_budget=trials + 2),
+        config=RecoveryConfig(immediate_recovery=path != "cold", restart_budget=trials + 2),
         journal=work / tag / "journal.jsonl", router=clock, tick_s=0.5,
         probe_interval_s=1.0, probe_timeout_s=2.0, grace_s=10.0, engine=engine_class(engine),
-        call_timeout_s=300.0,
+        call_timeout_s=300.0, standby=1 if path == "standby" else 0,
     )  # fmt: skip
     latencies: list[float] = []
+    detected: list[float] = []
     limits: list[dict[str, float]] = []
     with rt:
         rt.start(trainer.model)
+        if path == "standby":
+            wait_ready(rt)
         version = 1
         trainer.step()
         rt.sync(trainer.model, version)
@@ -98,10 +108,15 @@ def run_path(work: Path, config: dict[str, Any], engine: str, immediate: bool, s
             step_start = time.monotonic()
             while rt.controller.checkpoint_state(version) != "ready":
                 time.sleep(0.01)
+            if path == "standby":
+                wait_ready(rt)  # the refill of the previous trial holds this version
             offset = (trial + 0.5) / trials * step_s
             time.sleep(max(0.0, offset - (time.monotonic() - step_start)))
             inc = rt.kill("g0")
             killed = time.monotonic()
+            while rt.controller.incarnation("g0") == inc:
+                time.sleep(0.001)
+            detected.append(time.monotonic() - killed)
             # The trainer keeps stepping on schedule until g0 serves again.
             next_sync = step_start + step_s
             while (got := clock.routed_after("g0", inc, next_sync - time.monotonic())) is None:
@@ -115,7 +130,16 @@ def run_path(work: Path, config: dict[str, Any], engine: str, immediate: bool, s
         idle = rt.ledger.idle_group_seconds()
         failures = len(rt.ledger.crashes)
     return {"latency": latencies, "idle_per_failure": idle / max(1, failures),
-            "limit": limits}  # fmt: skip
+            "limit": limits, "detected": detected}  # fmt: skip
+
+
+def wait_ready(rt: RecoveryRuntime, timeout: float = 300.0) -> None:
+    """Until the pool's standby holds the fleet's version (booted, pushed or loaded)."""
+    deadline = time.monotonic() + timeout
+    while not any(v.ready for v in rt.controller.standbys().values()):
+        if time.monotonic() > deadline:
+            raise RuntimeError("no standby became current")
+        time.sleep(0.01)
 
 
 def boot_once(engine: str, config: dict[str, Any], path: str, n: int) -> dict[str, float]:
@@ -153,6 +177,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engine", nargs="+", choices=["reference", "vllm"],
                         default=["reference"])  # fmt: skip
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     a = parser.parse_args()
     hf_logging.disable_progress_bar()
     torch.set_num_threads(1)
@@ -165,29 +190,41 @@ def main() -> None:
     print("limit: a fresh engine + the verified load of the committed checkpoint from the page "
           "cache, measured in each row's minutes")  # fmt: skip
     print()
-    print("| engine | step length | path | kill to serving p50 | max | limit (process up + "
-          "load) | p50 / limit | idle s per failure |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    rows: dict[tuple[str, float, bool], dict[str, Any]] = {}
+    print("| engine | step length | path | kill to serving p50 | max | detected p50 | limit "
+          "(process up + load) | p50 / limit | idle s per failure |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    rows: dict[tuple[str, float, str], dict[str, Any]] = {}
     for engine in a.engine:
         for step_s in a.steps_s:
-            for immediate in (True, False):
-                r = run_path(work, config, engine, immediate, step_s, a.trials, a.seed)
-                rows[(engine, step_s, immediate)] = r
+            for path in a.paths:
+                r = run_path(work, config, engine, path, step_s, a.trials, a.seed)
+                rows[(engine, step_s, path)] = r
                 p50 = statistics.median(r["latency"])
                 up = statistics.median(b["up"] for b in r["limit"])
                 lim = statistics.median(b["up"] + b["boot"] for b in r["limit"])
-                print(f"| {engine} | {step_s:g} s | {'immediate' if immediate else 'cold'} | "
-                      f"{p50:.2f} s | {max(r['latency']):.2f} s | {lim:.2f} s ({up:.2f} + "
-                      f"{lim - up:.2f}) | {p50 / lim:.2f}x | {r['idle_per_failure']:.2f} |",
-                      flush=True)  # fmt: skip
+                print(f"| {engine} | {step_s:g} s | {path} | {p50:.2f} s | "
+                      f"{max(r['latency']):.2f} s | {statistics.median(r['detected']):.3f} s | "
+                      f"{lim:.2f} s ({up:.2f} + {lim - up:.2f}) | {p50 / lim:.2f}x | "
+                      f"{r['idle_per_failure']:.2f} |", flush=True)  # fmt: skip
     print()
     for engine in a.engine:
         for step_s in a.steps_s:
-            imm, cold = rows[(engine, step_s, True)], rows[(engine, step_s, False)]
-            saved = 1 - imm["idle_per_failure"] / cold["idle_per_failure"]
-            print(f"{engine}, step {step_s:g} s: immediate idles {saved:.0%} less per failure "
-                  "than cold")  # fmt: skip
+            got = {p: rows[(engine, step_s, p)] for p in a.paths}
+            if "immediate" in got and "cold" in got:
+                saved = 1 - got["immediate"]["idle_per_failure"] / got["cold"]["idle_per_failure"]
+                print(f"{engine}, step {step_s:g} s: immediate idles {saved:.0%} less per "
+                      "failure than cold")  # fmt: skip
+            if "standby" in got and "immediate" in got:
+                s, i = got["standby"], got["immediate"]
+                saved = 1 - s["idle_per_failure"] / i["idle_per_failure"]
+                s50 = statistics.median(s["latency"])
+                floor = statistics.median(s["detected"]) + statistics.median(
+                    b["canary"] for b in s["limit"]
+                )
+                print(f"{engine}, step {step_s:g} s: a standby serves in {s50:.2f} s, "
+                      f"{s50 / floor:.2f}x detection + admission ({floor:.2f} s), "
+                      f"{s50 / statistics.median(i['latency']):.3f}x the immediate path; it "
+                      f"idles {saved:.0%} less per failure than immediate")  # fmt: skip
     print()
     print("where a boot from the checkpoint goes (median of every limit boot, seconds):")
     names = ["up", "verify_s", "import_s", "init_s", "warmup_s", "boot", "canary", "in_place"]

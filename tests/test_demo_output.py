@@ -24,7 +24,7 @@ from recovery_fsm.search.replay import replay  # noqa: E402
 # steps, no chaos, an HF save at v2 (kept, so not leaked).
 ARGS = ["demo", "--steps", "3", "--groups", "1", "--model", "tiny", "--step-s", "1",
         "--chaos-rate", "0", "--hf-interval", "2", "--live", "off", "--no-timeline",
-        "--out", "demo-out"]  # fmt: skip
+        "--out", "demo-out", "--runs", "immediate"]  # fmt: skip
 
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -37,10 +37,11 @@ def headers(journal: Path) -> int:
 def test_a_second_run_into_the_same_out_replaces_the_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`demo --baseline`, then `demo`: the second run's journal is a journal of one run,
-    and the first run's cold path, which the second did not run, is not left beside it."""
+    """`demo --runs immediate,cold`, then `demo --runs immediate`: the second run's journal is
+    a journal of one run, and the first run's cold path, which the second did not run, is
+    not left beside it."""
     monkeypatch.chdir(tmp_path)
-    assert cli.main([*ARGS, "--baseline"]) == 0
+    assert cli.main([*ARGS[:-1], "immediate,cold"]) == 0
     out = tmp_path / "demo-out"
     first = (out / "immediate" / "journal.jsonl").read_text()
     assert (out / "cold" / "journal.jsonl").is_file()

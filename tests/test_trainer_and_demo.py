@@ -1,4 +1,4 @@
-"""The trainer hooks on a real Ray runtime, and a short seeded chaos demo with its baseline.
+"""The trainer hooks on a real Ray runtime, and a short seeded chaos demo run every way.
 
 One local Ray cluster for the module; every test makes its own runtime and kills only the
 actors it made.
@@ -167,7 +167,7 @@ def test_a_failed_export_is_a_missed_sync_in_every_count(tmp_path: Path) -> None
         assert m["recovery/cooldown_entries"] == len(rt.groups)  # every switch cooled once
 
 
-def test_a_short_seeded_demo_and_its_baseline_report_zeros_and_replay_clean(
+def test_a_short_seeded_demo_run_every_way_reports_zeros_and_replays_clean(
     tmp_path: Path,
 ) -> None:
     options = DemoOptions(
@@ -176,10 +176,14 @@ def test_a_short_seeded_demo_and_its_baseline_report_zeros_and_replay_clean(
     )  # fmt: skip
     incidents = plan(options)
     assert [i.step for i in incidents] == [2, 3, 4]
-    outcome = main(options, baseline=True, display=Display(live=False))
-    immediate, cold = outcome.reports
+    outcome = main(options, display=Display(live=False))
+    standby, immediate, cold, free = outcome.reports
+    assert [r.mode for r in outcome.results] == ["standby", "immediate", "cold", "free"]
     assert outcome.ok, outcome.reports
-    for report in outcome.reports:
+    assert standby.recoveries["standby"] >= 1 and immediate.recoveries["standby"] == 0
+    assert free.failures_injected == 0 and free.goodput == 1.0
+    assert all(r.goodput is not None and r.goodput > 0 for r in outcome.reports)
+    for report in outcome.reports[:3]:
         assert set(report.safety.values()) == {0}
         assert report.replay_ok
         # An incident finds no serving group only when every group is recovering.
@@ -198,7 +202,7 @@ def test_a_short_seeded_demo_and_its_baseline_report_zeros_and_replay_clean(
     for png in outcome.timelines:
         assert png.stat().st_size > 10_000
     # The report's figures are those of the journal on disk.
-    ledger = Ledger.read(outcome.results[0].journal)
+    ledger = Ledger.read(outcome.results[1].journal)
     assert ledger.idle_group_seconds() == pytest.approx(immediate.idle_group_s)
 
 
@@ -224,7 +228,7 @@ def test_the_demo_command_fails_when_a_safety_counter_is_not_zero(
     monkeypatch.chdir(tmp_path)
     args = ["demo", "--steps", "3", "--groups", "1", "--model", "tiny", "--step-s", "1",
             "--chaos-rate", "0", "--hf-interval", "2", "--live", "off", "--no-timeline",
-            "--out", "demo-out"]  # fmt: skip
+            "--out", "demo-out", "--runs", "immediate"]  # fmt: skip
     monkeypatch.setattr(demo, "main", recording)
     assert cli.main(args) == 0
     assert seen[0].ok and seen[0].reports[0].failures_injected == 0

@@ -121,10 +121,10 @@ def _demo(args: argparse.Namespace) -> int:
     options = DemoOptions(
         steps=args.steps, groups=args.groups, model=args.model, step_s=args.step_s,
         chaos_rate=args.chaos_rate, seed=args.seed, out=out, hf_interval=args.hf_interval,
-        engine=args.engine,
+        engine=args.engine, standby=args.standby,
     )  # fmt: skip
     live = {"auto": None, "on": True, "off": False}[args.live]
-    outcome = main(options, baseline=args.baseline, display=Display(live=live),
+    outcome = main(options, runs=args.runs, display=Display(live=live),
                    timeline=not args.no_timeline)  # fmt: skip
     if not outcome.ok:
         print("error: a safety counter is not 0 or the journal did not replay clean",
@@ -175,6 +175,17 @@ def _fraction(text: str) -> float:
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text}")
     return value
+
+
+def _runs(text: str) -> tuple[str, ...]:
+    known = ("standby", "immediate", "cold", "free")
+    runs = tuple(r.strip() for r in text.split(",") if r.strip())
+    wrong = [r for r in runs if r not in known]
+    if wrong or not runs:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of {', '.join(known)}; got {text!r}"
+        )
+    return runs
 
 
 def _controller(name: str) -> Any:
@@ -264,11 +275,15 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--hf-interval", type=_at_least_0, default=4,
                    help="every N versions the export is also the HF save (0: never)")  # fmt: skip
     m.add_argument("--out", default="demo-out",
-                   help="where the run's journals, checkpoints and timelines go (OUT/immediate, "
-                        "OUT/cold); a run replaces the previous run's files there, and refuses "
-                        "a directory holding anything else (default demo-out)")  # fmt: skip
-    m.add_argument("--baseline", action="store_true",
-                   help="also run the same scenario on the cold path and compare")  # fmt: skip
+                   help="where the runs' journals, checkpoints and timelines go (OUT/<run>); "
+                        "a demo replaces the previous demo's files there, and refuses a "
+                        "directory holding anything else (default demo-out)")  # fmt: skip
+    m.add_argument("--standby", type=_at_least_0, default=1,
+                   help="warm standby engines in the standby run (default 1; 0: no such run)")
+    m.add_argument("--runs", type=_runs, default=None,
+                   help="which runs, comma-separated, of standby, immediate, cold, free "
+                        "(default all: the same scenario each way, and without failures for "
+                        "the goodput)")  # fmt: skip
     m.add_argument("--live", choices=["auto", "on", "off"], default="auto",
                    help="live table (auto: only on a terminal)")  # fmt: skip
     m.add_argument("--no-timeline", action="store_true", help="do not draw the PNG")

@@ -1,18 +1,21 @@
-"""The chaos demo (extras ``[torch,ray,demo]``): immediate recovery on a local Ray cluster,
-and with ``baseline`` the same seeded scenario on the cold path, side by side."""
+"""The chaos demo (extras ``[torch,ray,demo]``): one seeded scenario on a local Ray cluster,
+run with warm standbys, with immediate recovery alone, on the cold path, and without failures
+(the goodput's yardstick), reported side by side."""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 
 from .live import Display
-from .report import Report, render_plain, summarize
+from .report import Report, render_plain, summarize, with_goodput
 from .run import (
     KINDS,
+    LABELS,
     MODELS,
     RUNS,
     DemoOptions,
@@ -53,8 +56,13 @@ class Outcome:
         return all(r.ok for r in self.reports)
 
 
-def main(options: DemoOptions, *, baseline: bool = False, display: Display | None = None,
-         timeline: bool = True) -> Outcome:  # fmt: skip
+def default_runs(options: DemoOptions) -> tuple[str, ...]:
+    """Every run, in the report's order; the standby run only with standbys."""
+    return tuple(r for r in RUNS if r != "standby" or options.standby > 0)
+
+
+def main(options: DemoOptions, *, runs: Sequence[str] | None = None,
+         display: Display | None = None, timeline: bool = True) -> Outcome:  # fmt: skip
     """Run the demo (starting a local Ray cluster if none is up) and print the report.
 
     Each run's files are its own: the previous run's under ``options.out`` are replaced
@@ -62,6 +70,10 @@ def main(options: DemoOptions, *, baseline: bool = False, display: Display | Non
     import ray
 
     display = display or Display()
+    modes = tuple(runs) if runs is not None else default_runs(options)
+    unknown = [m for m in modes if m not in RUNS]
+    if unknown or not modes:
+        raise ValueError(f"demo runs must be some of {', '.join(RUNS)}; got {list(modes)}")
     replaced = replace_previous_run(options.out)
     if replaced:
         display.note(f"replaced the previous run's files in {options.out} "
@@ -74,14 +86,16 @@ def main(options: DemoOptions, *, baseline: bool = False, display: Display | Non
     results: list[RunResult] = []
     pictures: list[Path] = []
     try:
-        for immediate in (True, False) if baseline else (True,):
-            label = "immediate recovery" if immediate else "cold path (baseline)"
-            out = options.out / RUNS[0 if immediate else 1]
+        for mode in modes:
+            label = LABELS[mode]
+            if mode == "standby":
+                label += f" ({options.standby})"
+            out = options.out / mode
             display.begin(f"{label}: {options.groups} groups, {options.steps} steps of "
                           f"{options.step_s:g} s, model {options.model}, seed {options.seed}",
                           options.steps)  # fmt: skip
             try:
-                result = run(options, immediate=immediate, out=out,
+                result = run(options, mode=mode, out=out,
                              on_status=display.status, note=display.note)  # fmt: skip
             finally:
                 display.end()
@@ -95,7 +109,7 @@ def main(options: DemoOptions, *, baseline: bool = False, display: Display | Non
     finally:
         if started_ray:
             ray.shutdown()
-    reports = tuple(summarize(r) for r in results)
+    reports = tuple(with_goodput([summarize(r) for r in results], results))
     display.report(reports)
     for r, res in zip(reports, results, strict=True):
         display.note(f"{r.label}: journal {res.journal}")

@@ -34,6 +34,8 @@ class Report:
     safety: dict[str, int]
     replay_ok: bool
     replay_summary: str
+    tokens_per_s: float  # rollout tokens per second while the rollouts ran
+    goodput: float | None = None  # tokens_per_s over the failure-free run's (None: no such run)
 
     @property
     def ok(self) -> bool:
@@ -61,7 +63,7 @@ def summarize(result: RunResult) -> Report:
         ),
     }  # fmt: skip
     return Report(
-        label="immediate recovery" if result.immediate else "cold path (baseline)",
+        label=result.label,
         failures_injected=len(result.counters.killed),
         injected_by_kind=dict(kinds),
         incidents_skipped=len(result.counters.skipped),
@@ -78,7 +80,17 @@ def summarize(result: RunResult) -> Report:
         safety=safety,
         replay_ok=check.ok,
         replay_summary=check.render(),
+        tokens_per_s=result.counters.tokens / result.rollout_s if result.rollout_s else 0.0,
     )
+
+
+def with_goodput(reports: Sequence[Report], results: Sequence[RunResult]) -> list[Report]:
+    """Each report's goodput against the failure-free run's token rate, if one was made."""
+    free = [r for r, res in zip(reports, results, strict=True) if res.mode == "free"]
+    if not free or not free[0].tokens_per_s:
+        return list(reports)
+    base = free[0].tokens_per_s
+    return [attrs.evolve(r, goodput=r.tokens_per_s / base) for r in reports]
 
 
 def _outages_left(result: RunResult) -> int:
@@ -121,6 +133,9 @@ def rows(reports: Sequence[Report]) -> list[tuple[str, ...]]:
     row("  per failure injected", [f"{r.idle_per_failure_s:.1f}" for r in reports])
     row("cooldown entries", [str(r.cooldown_entries) for r in reports])
     row("tokens generated", [f"{r.tokens} in {r.requests} requests" for r in reports])
+    row("  rollout tokens per second", [f"{r.tokens_per_s:.0f}" for r in reports])
+    row("  goodput (of the run without failures)",
+        ["-" if r.goodput is None else f"{100 * r.goodput:.0f}%" for r in reports])  # fmt: skip
     row(SAFETY, ["" for _ in reports])
     for name in reports[0].safety:
         row(f"  {name}", [str(r.safety[name]) for r in reports])

@@ -38,7 +38,16 @@ MODELS: dict[str, dict[str, Any]] = {
     "medium": dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=6, vocab_size=4096),
 }
 KINDS = ("idle", "export", "loading", "double", "repeat")
-RUNS = ("immediate", "cold")  # a run's directory under --out, by path
+# The runs a demo can make, each in its own directory under --out: immediate recovery with
+# warm standbys, without them, the cold path, and the same scenario without failures (the
+# goodput's yardstick).
+RUNS = ("standby", "immediate", "cold", "free")
+LABELS = {
+    "standby": "immediate + standbys",
+    "immediate": "immediate recovery",
+    "cold": "cold path",
+    "free": "no failures",
+}
 WRITTEN = frozenset({"journal.jsonl", "checkpoints", "timeline.png"})  # in a run's directory
 _CHECKPOINT = re.compile(r"step-\d+|\.tmp-step-\d+-[0-9a-f]+")
 
@@ -88,6 +97,7 @@ class DemoOptions:
     settle_s: float = 30.0  # after the last step, how long to wait for outages to end
     request_interval_s: float = 0.2  # each group's pause between rollout requests
     engine: str = "reference"  # or "vllm"
+    standby: int = 1  # warm standbys in the "standby" run
 
 
 @attrs.frozen
@@ -128,7 +138,7 @@ class Counters:
 
 @attrs.frozen
 class RunResult:
-    immediate: bool
+    mode: str  # one of RUNS
     options: DemoOptions
     journal: Path
     root: Path
@@ -142,6 +152,15 @@ class RunResult:
     kept: list[str]  # HF saves, kept on purpose
     wall_s: float
     losses: list[float]
+    rollout_s: float  # how long the rollout threads ran: tokens per second divide by it
+
+    @property
+    def immediate(self) -> bool:
+        return self.mode != "cold"
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.mode]
 
 
 def model_config(options: DemoOptions) -> dict[str, Any]:
@@ -348,12 +367,15 @@ class _Chaos:
 def run(
     options: DemoOptions,
     *,
-    immediate: bool,
+    mode: str,
     out: Path,
     on_status: Callable[[RecoveryRuntime, int, int], None] | None = None,
     note: Callable[[str], None] = print,
 ) -> RunResult:
-    """One run of the seeded scenario (Ray must be initialised); returns what it saw."""
+    """One run of the seeded scenario in ``mode`` (one of ``RUNS``; Ray must be initialised);
+    returns what it saw."""
+    if mode not in RUNS:
+        raise ValueError(f"unknown demo run {mode!r}; known: {', '.join(RUNS)}")
     out = out.resolve()  # the store resolves its root: compare like with like below
     out.mkdir(parents=True, exist_ok=True)
     journal = out / "journal.jsonl"
@@ -365,7 +387,7 @@ def run(
     counters = Counters()
     trainer = SyntheticTrainer(config, options.seed)
     groups = [f"g{i}" for i in range(options.groups)]
-    recovery = RecoveryConfig(immediate_recovery=immediate, restart_budget=6)
+    recovery = RecoveryConfig(immediate_recovery=mode != "cold", restart_budget=6)
     rollouts: _Rollouts | None = None
 
     def router(effect: fx.RouteTraffic | fx.WithdrawTraffic) -> None:
@@ -376,10 +398,10 @@ def run(
     rt = RecoveryRuntime(
         root, groups=groups, model_config=config, config=recovery, journal=journal,
         router=router, engine=engine_class(options.engine), tick_s=0.5, probe_interval_s=1.0,
-        probe_timeout_s=2.0, grace_s=10.0,
+        probe_timeout_s=2.0, grace_s=10.0, standby=options.standby if mode == "standby" else 0,
     )  # fmt: skip
     rollouts = _Rollouts(rt, counters, options.request_interval_s)
-    chaos = _Chaos(rt, counters, plan(options), note)
+    chaos = _Chaos(rt, counters, plan(options) if mode != "free" else [], note)
 
     def status(version: int) -> None:
         if on_status is not None:
@@ -387,6 +409,9 @@ def run(
 
     with RecoveryHooks(rt) as hooks:
         rt.start(trainer.model)
+        if mode == "standby":  # the pool boots beside the groups before the first step
+            _wait_standbys(rt, options.standby, note)
+        rolling = time.monotonic()
         for t in rollouts.threads:
             t.start()
         version = 0
@@ -416,6 +441,7 @@ def run(
             if version == options.steps:
                 chaos.join()
         rollouts.stop.set()
+        rollout_s = time.monotonic() - rolling
         for t in rollouts.threads:
             t.join(timeout=60)
         closed = hooks.close()
@@ -425,10 +451,20 @@ def run(
     ) if root.exists() else []  # fmt: skip
     ledger = rt.ledger
     return RunResult(
-        immediate, options, journal, root, ledger, counters, rt.statistics(), closed.drained,
+        mode, options, journal, root, ledger, counters, rt.statistics(), closed.drained,
         rt.controller.outstanding(), len(rt.errors), leaked, kept,
-        time.monotonic() - started, trainer.losses,
+        time.monotonic() - started, trainer.losses, rollout_s,
     )  # fmt: skip
+
+
+def _wait_standbys(rt: RecoveryRuntime, size: int, note: Callable[[str], None]) -> None:
+    """Wait (up to a minute) until the pool's standbys have booted."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if sum(1 for v in rt.controller.standbys().values() if v.state != "booting") >= size:
+            return
+        time.sleep(0.1)
+    note("standbys still booting after 60 s: the run starts without them")
 
 
 def engine_class(name: str) -> type:
