@@ -92,8 +92,8 @@ def run_path(work: Path, config: dict[str, Any], engine: str, path: str, step_s:
     limits: list[dict[str, float]] = []
     with rt:
         rt.start(trainer.model)
-        if path == "standby":
-            wait_ready(rt)
+        if path == "standby":  # booted, so that the first sync's push reaches it
+            wait_ready(rt, booted=True)
         version = 1
         trainer.step()
         rt.sync(trainer.model, version)
@@ -133,10 +133,12 @@ def run_path(work: Path, config: dict[str, Any], engine: str, path: str, step_s:
             "limit": limits, "detected": detected}  # fmt: skip
 
 
-def wait_ready(rt: RecoveryRuntime, timeout: float = 300.0) -> None:
-    """Until the pool's standby holds the fleet's version (booted, pushed or loaded)."""
+def wait_ready(rt: RecoveryRuntime, timeout: float = 300.0, booted: bool = False) -> None:
+    """Until the pool's standby holds the fleet's version (pushed or loaded), or only has
+    booted (``booted``)."""
     deadline = time.monotonic() + timeout
-    while not any(v.ready for v in rt.controller.standbys().values()):
+    views = rt.controller.standbys
+    while not any(v.ready or (booted and v.state != "booting") for v in views().values()):
         if time.monotonic() > deadline:
             raise RuntimeError("no standby became current")
         time.sleep(0.01)

@@ -342,3 +342,46 @@ def test_vllm_groups_recover_from_checkpoints_refuse_what_the_canary_refuses_and
     ]
     assert len(refused) == 1 and refused[0].startswith("canary: step 0 log-probability is nan")
     assert replay(journal).ok
+
+
+def test_a_vllm_standby_takes_over_without_a_boot_pushed_or_loaded_in_place(
+    tmp_path: Path,
+) -> None:
+    """The first standby is current by the sync's push; its replacement boots after the
+    claim and loads the committed C(1) in place. Each kill is served again by a standby
+    holding the trainer's weights, checked by the canary, with no engine booted for it."""
+    journal = tmp_path / "journal.jsonl"
+    model = trainer()
+    rt = RecoveryRuntime(
+        tmp_path / "ckpt", groups=["g0"], model_config=LlamaConfig(**CONFIG).to_dict(),
+        engine=ENGINE, journal=journal, tick_s=0.1, probe_interval_s=0.5, grace_s=1.0,
+        call_timeout_s=300.0, standby=1,
+    )  # fmt: skip
+    standby = rt.controller.standbys
+    with rt:
+        rt.start(model)
+        wait_for(lambda: standby().get("standby-1") is not None
+                 and standby()["standby-1"].state == "stale", timeout=240,
+                 what="standby-1 booted")  # fmt: skip
+        step(model)
+        assert rt.sync(model, 1) == {"g0": 1, "standby-1": 1}
+        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="C(1)")
+        [spare] = rt.actors_table.of("standby-1", 1)
+        rt.kill("g0")
+        wait_for(lambda: rt.controller.incarnation("g0") == 2 and serving(rt, "g0"),
+                 what="g0 on standby-1")  # fmt: skip
+        assert rt.actors("g0") == [spare]
+        out = rt.generate("g0", PROMPT)
+        assert (out.tokens, out.version, out.group, out.incarnation) == (greedy(model), 1, "g0", 2)
+
+        wait_for(lambda: standby().get("standby-2") is not None and standby()["standby-2"].ready,
+                 timeout=240, what="standby-2 loaded C(1) in place")  # fmt: skip
+        rt.kill("g0")
+        wait_for(lambda: rt.controller.incarnation("g0") == 3 and serving(rt, "g0"),
+                 what="g0 on standby-2")  # fmt: skip
+        assert rt.generate("g0", PROMPT).tokens == greedy(model)
+        assert rt.statistics().recoveries == {"standby": 2}
+    loads = [json.loads(x)["event"] for x in journal.read_text().splitlines()
+             if '"StandbyLoaded"' in x]  # fmt: skip
+    assert [(e["standby"], e["version"]) for e in loads] == [("standby-2", 1)]
+    assert replay(journal).ok

@@ -213,12 +213,17 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _explore(args: argparse.Namespace) -> int:
-    from ..search import explore
+    from ..search import Scope, explore, small_config
 
     if args.journal_dir and Path(args.journal_dir).is_file():
         raise Failed(f"--journal-dir {args.journal_dir} is a file; give a directory", USAGE)
+    scope = None
+    if args.standby:  # one group beside the pool: the standby rules' small world
+        scope = Scope(groups=("g0",), config=small_config(standby=args.standby,
+                                                           standby_boot_budget=2))  # fmt: skip
     result = explore(
         args.depth,
+        scope,
         rules=args.controller,
         liveness=args.liveness,
         journal_dir=args.journal_dir,
@@ -309,6 +314,9 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--controller", type=_controller, default="real",
                    help="'real' or a rules class as module:Class")  # fmt: skip
     x.add_argument("--liveness", action="store_true", help="also settle every state fairly")
+    x.add_argument("--standby", type=_at_least_0, default=0,
+                   help="search one group beside a pool of this many standbys (default 0: "
+                        "two groups, no standbys)")  # fmt: skip
     x.add_argument("--journal-dir", default=None, help="write a counterexample journal here")
     x.set_defaults(func=_explore)
     return parser

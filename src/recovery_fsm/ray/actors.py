@@ -206,12 +206,18 @@ class Launcher:
     def ask(
         self, group: str, incarnation: int, call: Callable[[Any], Any]
     ) -> tuple[Any, ...] | BootFailed:
-        """``call`` on every actor of that process; their answers, or why there are none."""
+        """``call`` on every actor of that process; their answers, or why there are none.
+        ``call`` may return several refs (calls an actor runs in order): their answers follow
+        one another, actor by actor."""
         actors = self.table.of(group, incarnation)
         if not actors:
             return BootFailed("stopped before it started")
         try:
-            return tuple(ray.get([call(a) for a in actors], timeout=self.call_timeout_s))
+            refs = []
+            for a in actors:
+                ref = call(a)
+                refs += list(ref) if isinstance(ref, tuple) else [ref]
+            return tuple(ray.get(refs, timeout=self.call_timeout_s))
         except Exception as err:
             first = str(err).splitlines()[0] if str(err) else ""
             return BootFailed(f"{type(err).__name__}: {first}")

@@ -312,6 +312,16 @@ class EffectRunner:
         """The standby's actors take the group's name; with a path they load C(v) first.
         Either way they pass admission before the group serves: why not, or None."""
         g, inc, path = effect.group, effect.incarnation, effect.path
+        if path is None:
+            record = self._expected(effect.version)
+            if record is None:
+                return (
+                    f"no record of what version {effect.version} holds (no push or "
+                    "checkpoint of it): the standby cannot be admitted"
+                )
+            digest, canary = record
+            if canary is not None:  # one round: each actor's canary right behind its assume
+                return self._claim_as_it_is(g, inc, effect.version, digest, canary)
         outcome = self._launcher.call_all(g, inc, lambda a: a.assume.remote(g, inc))
         if isinstance(outcome, BootFailed):
             return outcome.reason
@@ -327,18 +337,27 @@ class EffectRunner:
                 return outcome.reason
             manifest = self._store.read_manifest(path)
             digest, canary = manifest["weights_digest"], admission.manifest_canary(manifest)
-        else:
-            record = self._expected(effect.version)
-            if record is None:
-                return (
-                    f"no record of what version {effect.version} holds (no push or "
-                    "checkpoint of it): the standby cannot be admitted"
-                )
-            digest, canary = record
         if any(h.version != effect.version for h in outcome.held):
             held = sorted({str(h.version) for h in outcome.held})
             return f"the standby holds version {', '.join(held)}, not {effect.version}"
         return admission.refusal(self._launcher, g, inc, outcome, digest=digest, canary=canary)
+
+    def _claim_as_it_is(
+        self, g: str, inc: int, version: int, digest: str | None, canary: Canary
+    ) -> str | None:
+        """A current standby's check in one round trip: every actor takes the group's name
+        and answers the canary (an actor runs its calls in order)."""
+        prompt, n = list(canary.prompt), len(canary.answer.tokens)
+        answers = self._launcher.ask(
+            g, inc, lambda a: (a.assume.remote(g, inc), a.canary.remote(prompt, n))
+        )
+        if isinstance(answers, BootFailed):
+            return answers.reason
+        if any(getattr(h, "version", None) != version for h in answers[0::2]):
+            held = sorted({str(getattr(h, "version", None)) for h in answers[0::2]})
+            return f"the standby holds version {', '.join(held)}, not {version}"
+        gate = digest if self._launcher.computes_digest else None
+        return admission.push_refusal(canary, gate, answers)
 
     def _start_cold(self, g: str, inc: int) -> str | None:
         outcome = self._launcher.boot(g, inc, lambda a: a.boot_empty.remote())
