@@ -41,7 +41,7 @@ import ray
 import torch
 from transformers.utils import logging as hf_logging
 
-from recovery_fsm import RecoveryConfig
+from recovery_fsm import RecoveryConfig, Rules
 from recovery_fsm import effects as fx
 from recovery_fsm.demo.run import DemoOptions, SyntheticTrainer, engine_class, model_config
 from recovery_fsm.export import CheckpointStore
@@ -75,7 +75,7 @@ PATHS = ("standby", "immediate", "cold")
 
 
 def run_path(work: Path, config: dict[str, Any], engine: str, path: str, step_s: float,
-             trials: int, seed: int) -> dict[str, Any]:  # fmt: skip
+             trials: int, seed: int, rules: type[Rules] = Rules) -> dict[str, Any]:  # fmt: skip
     clock = Clock()
     trainer = SyntheticTrainer(config, seed)
     tag = f"{engine}-{path}-{step_s:g}"
@@ -85,7 +85,7 @@ def run_path(work: Path, config: dict[str, Any], engine: str, path: str, step_s:
         config=RecoveryConfig(immediate_recovery=path != "cold", restart_budget=trials + 2),
         journal=work / tag / "journal.jsonl", router=clock, tick_s=0.5,
         probe_interval_s=1.0, probe_timeout_s=2.0, grace_s=10.0, engine=engine_class(engine),
-        call_timeout_s=300.0, standby=1 if path == "standby" else 0,
+        call_timeout_s=300.0, standby=1 if path == "standby" else 0, rules=rules,
     )  # fmt: skip
     latencies: list[float] = []
     detected: list[float] = []

@@ -21,15 +21,15 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from recovery_fsm.search import explore
+from recovery_fsm.search import Scope, explore
 from recovery_fsm.search.stateful import RaceFound, race_search
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "property"))
-from variants import VARIANTS, load  # the tests' module, on the path just above
+from variants import VARIANTS, explored, load, searched  # the tests' module, on the path above
 
 
-def hypothesis_find(cls: type, budget: int) -> tuple[float, int] | None:
-    machine = race_search(cls)
+def hypothesis_find(cls: type, budget: int, scope: Scope) -> tuple[float, int] | None:
+    machine = race_search(cls, scope)
     config = settings(
         max_examples=budget,
         stateful_step_count=40,
@@ -60,9 +60,9 @@ def main() -> None:
           f"   {'explorer: depth':>15} {'states':>7} {'s':>6}")  # fmt: skip
     for name in (v.name for v in VARIANTS):
         cls = load(name)
-        runs = [hypothesis_find(cls, a.budget) for _ in range(a.runs)]
+        runs = [hypothesis_find(cls, a.budget, searched(name)) for _ in range(a.runs)]
         found = [r for r in runs if r is not None]
-        ex = explore(a.explorer_depth, rules=cls)
+        ex = explore(a.explorer_depth, explored(name), rules=cls)
         if found:
             secs = [t for t, _ in found]
             examples = statistics.median(n for _, n in found)

@@ -448,6 +448,10 @@ def test_at_cannot_be_passed_positionally(cls: type[ev.Event]) -> None:
         {"immediate_recovery": "no"},
         {"immediate_recovery": 0},
         {"export_every_sync": 1},
+        {"restart_window_s": 0},
+        {"restart_window_s": math.inf},
+        {"restart_window_s": "3600"},
+        {"restart_window_s": True},
     ],
 )
 def test_bad_config_is_refused(kwargs: dict[str, object]) -> None:

@@ -62,10 +62,13 @@ def test_a_pushed_standby_is_claimed_as_it_is_and_the_pool_refills() -> None:
     [claim] = kinds(effects, ClaimStandby)
     assert claim == ClaimStandby("g0", 2, "standby-1", 1, None)
     assert not kinds(effects, RestartCold) and not kinds(effects, RestartFromCheckpoint)
-    assert [f.standby for f in kinds(effects, StartStandby)] == ["standby-2"]  # type: ignore[attr-defined]
     assert d.c.group("g0").state == "claiming" and d.c.group("g0").lease is None
+    # The refill waits for the claim's outcome: its boot would slow the claim's check.
+    assert not kinds(effects, StartStandby)
+    assert not kinds(d.send(ev.ProbeOk, "g1", 1), StartStandby)
     routed = d.about(ev.RestartLoaded, "g0")
     assert RouteTraffic("g0", 2, 1) in routed
+    assert [f.standby for f in kinds(routed, StartStandby)] == ["standby-2"]  # type: ignore[attr-defined]
     assert d.c.group("g0").restarts == 1  # a claim spends the restart budget like a restart
 
 

@@ -16,6 +16,9 @@ class RecoveryConfig:
     clean_syncs_to_reenable: int = attrs.field(default=3, validator=valid.positive_int)
     suspect_threshold: int = attrs.field(default=3, validator=valid.positive_int)
     restart_budget: int = attrs.field(default=5, validator=valid.positive_int)
+    # Restarts (and claims) counted against the budget: those of the last this many seconds,
+    # so a run of days keeps recovering; None counts every restart of the run.
+    restart_window_s: float | None = attrs.field(default=None, validator=valid.optional_seconds)
     # A failed group waits this long for the current version's export before going cold.
     await_checkpoint_timeout_s: float = attrs.field(default=300.0, validator=valid.seconds)
     # A start from a checkpoint, or a cold start, past this long is killed and has failed.

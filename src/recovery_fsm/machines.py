@@ -48,13 +48,31 @@ class GroupRecord:
     version: int | None
     incarnation: int = 1  # the current start of the group's process
     probe_failures: int = 0
-    restarts: int = 0
+    restarts: int = 0  # every restart of the run
     since: float | None = None  # when the current wait (a deadline's clock) began
     state: str | None = None
+    restart_budget: int = 5
+    restart_window_s: float | None = None  # None: every restart of the run counts
+    # When each restart still counted against the budget began, oldest first.
+    restarted_at: list[float] = attrs.Factory(list)
 
     @property
     def serves_current(self) -> bool:
         return self.version == self.fleet.version
+
+    def counted(self, now: float) -> list[float]:
+        """The restarts that count against the budget at ``now``: with a window, those that
+        began less than ``restart_window_s`` ago (the budget refills as they age out)."""
+        if self.restart_window_s is None:
+            return self.restarted_at
+        return [t for t in self.restarted_at if now - t < self.restart_window_s]
+
+    def budget_spent(self, now: float) -> bool:
+        return len(self.counted(now)) >= self.restart_budget
+
+    def count_restart(self, now: float) -> None:
+        self.restarted_at = [*self.counted(now), now][-self.restart_budget :]
+        self.restarts += 1
 
     @staticmethod
     def may_load_checkpoints(switch_state: str) -> bool:
@@ -216,7 +234,9 @@ class WorkerGroupMachine(StateMachine):
         | suspect.to(pending_weights, unless="serves_current")
         | suspect.to(suspect, cond="serves_current")
     )
-    retire = failed.to(retired)
+    # A failed group whose restart budget is spent retires; else it stays failed and
+    # recovers. With a window the budget refills as restarts age out of it.
+    retire = failed.to(retired, cond="budget_spent") | failed.to(failed, unless="budget_spent")
     stop = (
         active.to(stopped)
         | suspect.to(stopped)

@@ -19,8 +19,9 @@ version v, and through leases:
   ``standby-<n>``), never routed. It stays current as a group does: a sync's push reaches it,
   or it loads C(v) in place under a lease when C(v) commits. A failed group claims one (its
   process becomes the group's next incarnation) before any restart. The pool refills after
-  every event, and stops refilling once ``standby_boot_budget`` standbys in a row were lost
-  before they ever held the fleet's weights.
+  every event once no claim is being checked (a boot beside the check slows it), and stops
+  refilling once ``standby_boot_budget`` standbys in a row were lost before they ever held
+  the fleet's weights.
 
 One line per event (``on_<Event>`` below, in this order):
 
@@ -63,7 +64,9 @@ One line per event (``on_<Event>`` below, in this order):
 * StandbyFailed(s)          it is lost (its lease, if loading, ends with it); lost before it
   ever held the fleet's weights, it counts against the pool's boot budget.
 
-A failed group (``_fail``) is retired once its restart budget is spent; otherwise
+A failed group (``_fail``) is retired once its restart budget is spent (every failure it
+recovered from, or with ``restart_window_s`` those of the last window, counted from the
+failure's time: the budget refills as they age out); otherwise
 (``_recover``) it claims a standby that holds the fleet's version (admitted as it is, whatever
 its switch: no checkpoint is read); else, if C(v) is ready and its switch is enabled, it
 claims a standby that loads C(v) in place (one already loading first), or boots from C(v);
@@ -441,7 +444,14 @@ class Rules:
 
     def on_GroupRegistered(self, e: ev.GroupRegistered, _: None) -> None:
         start = GroupState.ACTIVE if e.version == self.fleet.version else GroupState.PENDING_WEIGHTS
-        record = GroupRecord(e.group, self.fleet, e.version, state=start)
+        record = GroupRecord(
+            e.group,
+            self.fleet,
+            e.version,
+            state=start,
+            restart_budget=self.config.restart_budget,
+            restart_window_s=self.config.restart_window_s,
+        )
         recovery = RecoveryRecord(
             e.group,
             self.config.clean_syncs_to_reenable,
@@ -599,11 +609,11 @@ class Rules:
         if kill is not None:
             self._emit(fx.StopGroup(r.name, r.incarnation, kill))
         r.version = None
-        if r.restarts >= self.config.restart_budget:
-            self._fire_group(g, GroupEvent.RETIRE)
+        self._fire_group(g, GroupEvent.RETIRE, now=self.now)
+        if r.state == GroupState.RETIRED:
             self._emit(fx.RetireGroup(r.name))
             return
-        r.restarts += 1
+        r.count_restart(self.now)
         self._recover(g, may_wait=True)
 
     def _recover(self, g: GroupSlot, may_wait: bool) -> None:
@@ -697,9 +707,13 @@ class Rules:
         self._forget_standby(sb)
 
     def _refill(self) -> None:
-        """Boot standbys until the pool has its size again (while open and not exhausted)."""
+        """Boot standbys until the pool has its size again (while open and not exhausted),
+        once no claim is being checked: a boot started beside a claim's admission check
+        competes with it for the host's cores (``benchmarks/bench_claim.py``)."""
         pool = self.pool.record
         if self.closed or pool.state != PoolState.FILLING:
+            return
+        if self._claim_checked():
             return
         alive = sum(1 for sb in self.standbys.values() if sb.record.state not in STANDBY_FINAL)
         for _ in range(pool.size - alive):
@@ -712,6 +726,10 @@ class Rules:
                 (Label.of(Label.STANDBY, name), Label.CREATE, "", StandbyState.BOOTING)
             )
             self._emit(fx.StartStandby(name))
+
+    def _claim_checked(self) -> bool:
+        """A claim of a standby awaits its outcome (its load or admission check)."""
+        return any(g.record.state == GroupState.CLAIMING for g in self.groups.values())
 
     def _first_standby(self, *states: str) -> StandbySlot | None:
         """The oldest standby in the first of ``states`` that has one."""

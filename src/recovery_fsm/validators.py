@@ -74,6 +74,15 @@ def seconds(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         raise MalformedEvent(f"{attr.name} must be a number of seconds >= 0, got {value!r}")
 
 
+def optional_seconds(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise MalformedEvent(
+            f"{attr.name} must be None or a finite number of seconds > 0, got {value!r}"
+        )
+
+
 def count(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
     if type(value) is not int or value < 0:
         raise MalformedEvent(f"{attr.name} must be an int >= 0, got {value!r}")

@@ -14,37 +14,21 @@ from budget import BUDGET, search_settings
 from hypothesis import seed
 from hypothesis.stateful import run_state_machine_as_test
 from variants import (
-    BY_NAME,
     HOSTINGS,
     RULES_VARIANTS,
     VARIANTS,
     PatchError,
     Variant,
+    explored,
     install,
     load,
+    searched,
 )
 
 from recovery_fsm import Rules
 from recovery_fsm.search import Scope, Sim, explore
 from recovery_fsm.search.replay import replay, rules_class
-from recovery_fsm.search.sim import small_config
-from recovery_fsm.search.stateful import WIDE, WIDE_STANDBY, RaceFound, race_search
-
-# The worlds each kind of variant is searched in: Hypothesis's and the explorer's. With
-# standbys the explorer runs one group beside a pool of one (two boot failures exhaust it).
-SEARCHED = {"wide": WIDE, "standby": WIDE_STANDBY}
-EXPLORED = {
-    "wide": Scope(),
-    "standby": Scope(groups=("g0",), config=small_config(standby=1, standby_boot_budget=2)),
-}
-
-
-def searched(name: str) -> Scope:
-    return SEARCHED[BY_NAME[name].scope]
-
-
-def explored(name: str) -> Scope:
-    return EXPLORED[BY_NAME[name].scope]
+from recovery_fsm.search.stateful import RaceFound, race_search
 
 
 def test_each_variant_is_a_module_replay_loads_by_name() -> None:

@@ -6,10 +6,12 @@ import os
 import tempfile
 from pathlib import Path
 
+import attrs
 from budget import BUDGET, search_settings
 
 from recovery_fsm.search import Scope, Sim, explore, small_config
-from recovery_fsm.search.stateful import WIDE_STANDBY, race_search
+from recovery_fsm.search.sim import TRAINER, Action
+from recovery_fsm.search.stateful import WIDE_STANDBY, WIDE_WINDOW, race_search
 
 # Where a failing example's journal lands: keep it after the run to replay it.
 TRACES = Path(os.environ.get("RECOVERY_FSM_TRACES", Path(tempfile.gettempdir()) / "recovery-fsm"))
@@ -24,6 +26,13 @@ TestStandbyRaces = StandbyRaces.TestCase
 TestStandbyRaces.settings = search_settings(BUDGET.examples)
 # One group and a standby: small enough to explore, with every state settled fairly.
 STANDBY_SCOPE = Scope(groups=("g0",), config=small_config(standby=1, standby_boot_budget=2))
+
+# The same search with a restart budget that refills over a window.
+WindowRaces = race_search(scope=WIDE_WINDOW, journal_dir=TRACES)
+TestWindowRaces = WindowRaces.TestCase
+TestWindowRaces.settings = search_settings(BUDGET.examples)
+# One group whose budget of two refills 25 s after each restart.
+WINDOW_SCOPE = Scope(groups=("g0",), max_failures=4, config=small_config(restart_window_s=25.0))
 
 
 def test_explorer_finds_no_violation_in_the_real_controller() -> None:
@@ -44,6 +53,27 @@ def test_explorer_finds_no_violation_with_a_standby_pool() -> None:
     print(result.report())
     assert not result.found, result.report()
     assert len(result.new_states) == BUDGET.liveness_depth and all(result.new_states)
+
+
+def test_explorer_finds_no_violation_with_a_refilling_restart_budget() -> None:
+    result = explore(BUDGET.liveness_depth, WINDOW_SCOPE, liveness=True, journal_dir=TRACES)
+    print(result.report())
+    assert not result.found, result.report()
+    assert len(result.new_states) == BUDGET.liveness_depth and all(result.new_states)
+
+
+def test_a_budget_refilled_by_the_window_restarts_a_group_the_whole_run_would_retire() -> None:
+    """Two restarts at 0 s spend a budget of two. With a 25 s window a failure at 25 s
+    restarts the group (they no longer count) and one at 24 s retires it; without a
+    window a failure retires it at any time."""
+    moves = ["fail(g0)", "relaunched(g0#2)", "fail(g0)", "relaunched(g0#3)"]
+    cases = [(25.0, 25.0, "relaunching"), (25.0, 24.0, "retired"), (None, 1000.0, "retired")]
+    for window, later, outcome in cases:
+        config = small_config(restart_window_s=window)
+        sim = _walk(Sim(attrs.evolve(WINDOW_SCOPE, config=config)), moves)
+        assert sim.step(Action(TRAINER, "tick", later)) == []
+        assert sim.step(next(a for a in sim.actions() if str(a) == "fail(g0)")) == []
+        assert sim.controller.group("g0").state == outcome, (window, later)
 
 
 def test_settle_brings_a_group_back_through_a_current_standby() -> None:

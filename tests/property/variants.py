@@ -28,6 +28,8 @@ from typing import Any
 import attrs
 
 import recovery_fsm
+from recovery_fsm.search import Scope, small_config
+from recovery_fsm.search.stateful import WIDE, WIDE_STANDBY, WIDE_WINDOW
 
 PACKAGE = "recovery_fsm_variants"
 SOURCE = Path(recovery_fsm.__file__).resolve().parent
@@ -43,7 +45,8 @@ class Variant:
     bug: str  # one line: what the broken code does
     patches: tuple[tuple[str, str], ...]  # (old snippet, new snippet), applied in order
     target: str = "rules"  # the module patched: "rules" or "controller" (a broken hosting)
-    # The world searched: "wide" (groups only) or "standby" (the same with a standby pool).
+    # The world searched (``SEARCHED``, ``EXPLORED``): "wide" (groups only), "standby" (the
+    # same with a standby pool) or "window" (with a restart budget that refills).
     scope: str = "wide"
 
     @property
@@ -437,6 +440,15 @@ STANDBY_VARIANTS: tuple[Variant, ...] = (
         scope="standby",
     ),
     Variant(
+        "refill-during-claim",
+        "Boots the pool's refill the moment a standby is claimed, beside the claim's "
+        "admission check on the same cores.",
+        (
+            (f"{IN * 2}if self._claim_checked():\n{IN * 3}return\n", ""),
+        ),
+        scope="standby",
+    ),
+    Variant(
         "standby-after-restart",
         "Restarts a failed group from the checkpoint (or cold) before looking for a standby "
         "that holds the current weights.",
@@ -451,7 +463,56 @@ STANDBY_VARIANTS: tuple[Variant, ...] = (
 )
 VARIANTS = VARIANTS + STANDBY_VARIANTS
 
+# Broken restart budgets over a window (searched with ``restart_window_s`` set).
+WINDOW_VARIANTS = (
+    Variant(
+        "budget-never-refills",
+        "Builds each group's budget without the configured window: restarts count for the "
+        "whole run, and a group is retired though its old restarts aged out.",
+        (
+            (
+                f"{IN * 3}restart_window_s=self.config.restart_window_s,\n",
+                f"{IN * 3}restart_window_s=None,\n",
+            ),
+        ),
+        scope="window",
+    ),
+    Variant(
+        "budget-reset-on-serving",
+        "Forgets a group's restarts whenever it serves again, so a group that keeps dying "
+        "right after its recovery restarts without end.",
+        (
+            (
+                f"{IN * 2}if serving and not was_serving:\n",
+                f"{IN * 2}if serving and not was_serving:\n{IN * 3}r.restarted_at = []\n",
+            ),
+        ),
+        scope="window",
+    ),
+)
+VARIANTS = VARIANTS + WINDOW_VARIANTS
+
 BY_NAME = {v.name: v for v in VARIANTS + HOSTING_VARIANTS}
+
+# The worlds each kind of variant is searched in: Hypothesis's and the explorer's. With
+# standbys the explorer runs one group beside a pool of one (two boot failures exhaust it);
+# with a restart window, one group failing up to four times.
+SEARCHED = {"wide": WIDE, "standby": WIDE_STANDBY, "window": WIDE_WINDOW}
+EXPLORED = {
+    "wide": Scope(),
+    "standby": Scope(groups=("g0",), config=small_config(standby=1, standby_boot_budget=2)),
+    "window": Scope(groups=("g0",), max_failures=4, config=small_config(restart_window_s=25.0)),
+}
+
+
+def searched(name: str) -> Scope:
+    return SEARCHED[BY_NAME[name].scope]
+
+
+def explored(name: str) -> Scope:
+    return EXPLORED[BY_NAME[name].scope]
+
+
 RULES_VARIANTS = sorted(v.name for v in VARIANTS)
 HOSTINGS = sorted(v.name for v in HOSTING_VARIANTS)
 

@@ -221,6 +221,9 @@ def _explore(args: argparse.Namespace) -> int:
     if args.standby:  # one group beside the pool: the standby rules' small world
         scope = Scope(groups=("g0",), config=small_config(standby=args.standby,
                                                            standby_boot_budget=2))  # fmt: skip
+    elif args.restart_window is not None:  # one group failing up to four times
+        scope = Scope(groups=("g0",), max_failures=4,
+                      config=small_config(restart_window_s=args.restart_window))  # fmt: skip
     result = explore(
         args.depth,
         scope,
@@ -317,6 +320,9 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--standby", type=_at_least_0, default=0,
                    help="search one group beside a pool of this many standbys (default 0: "
                         "two groups, no standbys)")  # fmt: skip
+    x.add_argument("--restart-window", type=_positive(float), default=None,
+                   help="search one group whose restart budget of 2 refills over this many "
+                        "seconds (the deadlines are 10, 15 and 20 s)")  # fmt: skip
     x.add_argument("--journal-dir", default=None, help="write a counterexample journal here")
     x.set_defaults(func=_explore)
     return parser

@@ -57,8 +57,8 @@ class OutputInUse(RecoveryError):
 
 
 def replace_previous_run(out: Path) -> list[Path]:
-    """Delete the previous run's directories under ``out`` (both paths, so a baseline from
-    an earlier run is not left beside this one) and return them.
+    """Delete the previous run's directories under ``out`` (every run's, so a run left by
+    an earlier invocation with other ``--runs`` is not read beside this one) and return them.
 
     A second run appending to the first's journal made it unreplayable, and the first's
     checkpoints blocked the second's. Everything is checked before anything is deleted:

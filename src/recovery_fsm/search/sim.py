@@ -251,8 +251,15 @@ class Sim:
         return out
 
     def waits(self) -> list[float]:
-        """Seconds until each running wait reaches its deadline."""
+        """Seconds until each running wait reaches its deadline, and (with a restart window)
+        until each restart still counted ages out of it."""
         c, w = self.scope.config, self.world
+        window = c.restart_window_s
+        aging = set()
+        if window is not None:
+            for p in w.procs.values():
+                if p.status not in {"retired", "stopped"}:
+                    aging |= {t + window - self.now for t in p.restarted if self.now - t < window}
         limits = {
             "down": c.deadline("checkpoint"),
             "loading": c.deadline("load"),
@@ -266,6 +273,7 @@ class Sim:
                 for s in w.spares.values()
                 if s.status in spare_limits
             }
+            | aging
         )
 
     def _tick_amounts(self) -> list[float]:
@@ -433,9 +441,14 @@ class Sim:
 
     def settle(self, max_steps: int | None = None) -> list[str]:
         """No more failures; every effect completes and the trainer keeps syncing and
-        exporting. Within a bounded number of such fair steps every group must be active,
-        retired or stopped, having come back the way the rules say (see ``outcomes``)."""
-        bound = max_steps if max_steps is not None else 10 * len(self.scope.groups) + 10
+        exporting. Within a bounded number of such fair steps (one per outcome owed, ten per
+        group) every group must be active, retired or stopped, having come back the way the
+        rules say (see ``outcomes``)."""
+        w = self.world
+        # Each outcome still owed takes one step (a run whose budget refills may have killed
+        # many starts at their deadlines), then a few per group to come back.
+        owed = len(w.exports) + len(w.deleting) + len(w.loads) + len(w.relaunches) + len(w.boots)
+        bound = max_steps if max_steps is not None else owed + 10 * len(self.scope.groups) + 10
         for _ in range(bound):
             problems = self._unsettled()
             if not problems:
@@ -507,8 +520,10 @@ class Sim:
         for g in [*snap["groups"].values(), *snap["standbys"].values()]:
             since = g.pop("since")
             g["waited"] = None if since is None else self.now - since
-        snap.pop("now")
         w = self.world
+        for g in snap["groups"].values():  # ages, and only where a window makes them matter
+            g["restarted_at"] = self._ages(g["restarted_at"])
+        snap.pop("now")
         world = {
             "fleet": w.fleet,
             "closed": w.closed,
@@ -518,7 +533,7 @@ class Sim:
                     p.status,
                     p.holds,
                     p.probe_failures,
-                    p.restarts,
+                    self._ages(p.restarted),
                     self.now - p.since if p.status in {"down", "loading", "relaunching"} else None,
                 ]
                 for n, p in sorted(w.procs.items())
@@ -543,6 +558,14 @@ class Sim:
             "sink": [self.sink_armed, self.sink_lost],
         }
         return json.dumps([snap, world], sort_keys=True, default=str)
+
+    def _ages(self, started: list[float]) -> int | list[float]:
+        """Restarts as the budget sees them: a count, or with a window the ages of those
+        still in it (older ones no longer matter, so states differing only there are one)."""
+        window = self.scope.config.restart_window_s
+        if window is None:
+            return len(started)
+        return [self.now - t for t in started if self.now - t < window]
 
     def write_journal(self, path: str | os.PathLike[str]) -> Path:
         """The events so far as a journal ``recovery-fsm replay`` reads."""

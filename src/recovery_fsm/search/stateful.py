@@ -37,6 +37,9 @@ WIDE = Scope(
 # The same world with a pool of one standby (a boot budget of 2, so a pool that keeps
 # failing gives up within an example).
 WIDE_STANDBY = attrs.evolve(WIDE, config=small_config(standby=1, standby_boot_budget=2))
+# The same world with a restart budget that refills: restarts older than 25 s stop counting
+# (longer than each deadline, so a budget both empties and refills within an example).
+WIDE_WINDOW = attrs.evolve(WIDE, config=small_config(restart_window_s=25.0))
 
 
 # Rules group the actions so the common moves of a race are drawn often and the rest

@@ -50,7 +50,8 @@ class Proc:
     holds: int | None = None  # the weight version in memory while up
     since: float = 0.0  # when the current status began
     probe_failures: int = 0
-    restarts: int = 0
+    # When the failure that spent each restart (or claim) took the process down.
+    restarted: list[float] = attrs.Factory(list)
     via: str | None = None  # how the last restart went: "standby", "immediate" or "cold"
 
 
@@ -294,10 +295,10 @@ class World:
             p = self.procs[f.group]
             if p.status != "down":
                 out.append(f"retirement of group {f.group}, which is {p.status}")
-            if p.restarts < self.config.restart_budget:
+            if self._restarts(p) < self.config.restart_budget:
                 out.append(
-                    f"group {f.group} retired after {p.restarts} restarts; the budget is "
-                    f"{self.config.restart_budget}"
+                    f"group {f.group} retired after {self._restarts(p)} restarts{self._within}; "
+                    f"the budget is {self.config.restart_budget}"
                 )
             p.status = "retired"
         elif isinstance(f, fx.StopGroup):
@@ -330,6 +331,12 @@ class World:
             out.append(
                 f"standby {f.standby} started after {self.config.standby_boot_budget} standbys "
                 "in a row failed to boot: the pool had given up"
+            )
+        claims = self._claims_checked()
+        if claims:
+            out.append(
+                f"standby {f.standby} started while group {claims[0]}'s claim is checked: the "
+                "refill waits for its outcome"
             )
         self.spares[f.standby] = Spare(since=self.now)
         self.boots.add(f.standby)
@@ -392,6 +399,12 @@ class World:
         if s is not None:
             s.status = "claimed"
 
+    def _claims_checked(self) -> list[str]:
+        """Groups whose claim of a standby has not reported its outcome yet."""
+        return sorted(
+            g for g, p in self.procs.items() if p.status == "loading" and p.via == "standby"
+        )
+
     def _holds_current(self, name: str) -> bool:
         s = self.spares[name]
         return s.status == "up" and s.holds == self.fleet
@@ -417,11 +430,24 @@ class World:
             out.append(
                 f"{what} of group {group} as incarnation {incarnation} after {p.incarnation}"
             )
-        if p.restarts >= self.config.restart_budget:
-            out.append(f"{what} of group {group} beyond its budget of {p.restarts} restarts")
+        if self._restarts(p) >= self.config.restart_budget:
+            out.append(
+                f"{what} of group {group} beyond its budget: {self._restarts(p)} restarts"
+                f"{self._within}"
+            )
+        p.restarted.append(p.since)  # a restart counts from the failure that spent it
         p.incarnation, p.holds, p.since, p.probe_failures = incarnation, None, self.now, 0
-        p.restarts += 1
         return p
+
+    def _restarts(self, p: Proc) -> int:
+        """Restarts that spend the budget now: all of them, or those of the last window."""
+        window = self.config.restart_window_s
+        return sum(1 for t in p.restarted if window is None or self.now - t < window)
+
+    @property
+    def _within(self) -> str:
+        window = self.config.restart_window_s
+        return "" if window is None else f" in the last {window:g} s"
 
     def _restart_from(self, f: fx.RestartFromCheckpoint, out: list[str]) -> None:
         self._check_source(f, out)
@@ -574,7 +600,10 @@ class World:
                 if p.status == "down":
                     out.append(f"group {name} waits though standby {ready[0]} is current")
         exhausted = self.exhausted
-        if not self.closed and not exhausted and len(alive) != self.config.standby:
+        full = len(alive) == self.config.standby or (
+            self._claims_checked() and len(alive) < self.config.standby
+        )
+        if not self.closed and not exhausted and not full:
             out.append(f"standbys {alive} alive; the pool's size is {self.config.standby}")
         if self.config.standby and not self.closed:
             expected_pool = "exhausted" if exhausted else "filling"
