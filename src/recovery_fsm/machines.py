@@ -53,7 +53,8 @@ class GroupRecord:
     state: str | None = None
     restart_budget: int = 5
     restart_window_s: float | None = None  # None: every restart of the run counts
-    # When each restart still counted against the budget began, oldest first.
+    # With a window: when each failure still counted against the budget happened, oldest
+    # first (at most ``restart_budget`` of them).
     restarted_at: list[float] = attrs.Factory(list)
 
     @property
@@ -61,17 +62,19 @@ class GroupRecord:
         return self.version == self.fleet.version
 
     def counted(self, now: float) -> list[float]:
-        """The restarts that count against the budget at ``now``: with a window, those that
-        began less than ``restart_window_s`` ago (the budget refills as they age out)."""
-        if self.restart_window_s is None:
-            return self.restarted_at
-        return [t for t in self.restarted_at if now - t < self.restart_window_s]
+        """With a window, the failures that count against the budget at ``now``: those less
+        than ``restart_window_s`` ago (the budget refills as they age out)."""
+        window = self.restart_window_s
+        return [t for t in self.restarted_at if window is not None and now - t < window]
 
     def budget_spent(self, now: float) -> bool:
+        if self.restart_window_s is None:
+            return self.restarts >= self.restart_budget  # every restart of the run counts
         return len(self.counted(now)) >= self.restart_budget
 
     def count_restart(self, now: float) -> None:
-        self.restarted_at = [*self.counted(now), now][-self.restart_budget :]
+        if self.restart_window_s is not None:
+            self.restarted_at = [*self.counted(now), now][-self.restart_budget :]
         self.restarts += 1
 
     @staticmethod
