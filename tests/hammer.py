@@ -32,7 +32,7 @@ GROUPS = tuple(f"g{n}" for n in range(1, 8))  # one health thread each; the trai
 class Tally:
     """What the senders did and saw."""
 
-    sent: Counter[str] = attrs.Factory(Counter)  # per group, or "trainer" / "deletes"
+    sent: Counter[str] = attrs.Factory(Counter)  # per group, or "trainer", "deletes", "ticks"
     refused: int = 0
     violations: list[str] = attrs.Factory(list)
     errors: list[BaseException] = attrs.Factory(list)  # anything but a typed refusal
@@ -133,8 +133,10 @@ class Hammer:
                 self._send(g, ev.RestartLoaded, group=g, incarnation=inc)
             elif view.state == "relaunching":
                 self._send(g, ev.Relaunched, group=g, incarnation=inc)
-            else:  # failed, awaiting a checkpoint or weights: a probe of a process not routed
-                self._send(g, ev.ProbeOk, group=g, incarnation=inc)
+            elif view.state == "pending_weights" and n % 5 == 0:
+                self._send(g, ev.GroupFailed, group=g, incarnation=inc)
+            else:  # waiting for weights or a checkpoint: time passes
+                self._send("ticks", ev.Tick)
 
 
 def journal_counts(path: Path) -> tuple[list[int], Counter[str]]:
@@ -154,6 +156,8 @@ def journal_counts(path: Path) -> tuple[list[int], Counter[str]]:
                 about["trainer"] += 1
             elif e["kind"] == "CheckpointDeleted":
                 about["deletes"] += 1
+            elif e["kind"] == "Tick":
+                about["ticks"] += 1
             else:
                 about[e["group"]] += 1
     return steps, about

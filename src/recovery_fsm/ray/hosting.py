@@ -127,7 +127,7 @@ class RecoveryControllerActor:
 _QUERIES = (
     "up_groups", "group", "groups", "incarnation", "group_state", "recovery_state",
     "checkpoint_state", "checkpoints", "outstanding", "drained", "closed", "version",
-    "standbys", "up_standbys", "pool_state",
+    "standbys", "up_standbys", "pool_state", "check_invariants",
 )  # fmt: skip
 
 
