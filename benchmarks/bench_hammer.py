@@ -16,19 +16,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import ray
 
-from recovery_fsm import RecoveryConfig, RecoveryController
-from recovery_fsm.host import ControllerLink
-from recovery_fsm.journal import JsonlJournal
-from recovery_fsm.ray import RecoveryControllerActor, RemoteLink
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from hammer import Hammer, journal_counts  # the tests' module, on the path just above
-
-CONFIG = RecoveryConfig(restart_budget=10**9)
+from hammer import Hammer, in_process, journal_counts, through_actor  # the tests' module
 
 
 def report(how: str, h: Hammer, journal: Path, seconds: float, stuck: list[str]) -> None:
@@ -37,43 +29,6 @@ def report(how: str, h: Hammer, journal: Path, seconds: float, stuck: list[str])
     t, stuck_names = h.tally, ", ".join(stuck) or "none"
     print(f"| {how} | {t.total} | {seconds:.1f} s | {t.total / seconds:.0f} | {t.refused} | "
           f"{len(t.violations)} | {'yes' if once else 'NO'} | {stuck_names} |")  # fmt: skip
-
-
-def in_process(events: int, work: Path) -> None:
-    journal = work / "link.jsonl"
-    with JsonlJournal(journal) as sink:
-        controller = RecoveryController(CONFIG, journal=sink)
-        h: Hammer
-        link = ControllerLink(controller, execute=lambda e: h.execute(e))
-
-        def query(name: str, *args: Any) -> Any:
-            value = getattr(controller, name)
-            return value(*args) if callable(value) else value
-
-        h = Hammer(link.send, query, events)
-        h.register()
-        seconds, stuck = h.run(timeout_s=3600)
-        link.close(60)
-    report("ControllerLink (in process)", h, journal, seconds, stuck)
-
-
-def through_actor(events: int, work: Path) -> None:
-    journal = work / "actor.jsonl"
-    actor = RecoveryControllerActor.launch(f"bench-hammer-{os.getpid()}", CONFIG,
-                                           journal=str(journal))  # fmt: skip
-    h: Hammer
-    link = RemoteLink(actor, execute=lambda e: h.execute(e))
-
-    def query(name: str, *args: Any) -> Any:
-        return ray.get(actor.query.remote(name, *args), timeout=60)
-
-    h = Hammer(link.send, query, events)
-    h.register()
-    seconds, stuck = h.run(timeout_s=3600)
-    link.close(60)
-    ray.get(actor.close.remote(), timeout=60)
-    report("RemoteLink (controller actor)", h, journal, seconds, stuck)
-    ray.kill(actor)
 
 
 def main() -> None:
@@ -87,11 +42,14 @@ def main() -> None:
           "| threads stuck |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     start = time.perf_counter()
-    in_process(a.events, work)
+    h, seconds, stuck, _ = in_process(a.events, work / "link.jsonl")
+    report("ControllerLink (in process)", h, work / "link.jsonl", seconds, stuck)
     if a.actor_events:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-        through_actor(a.actor_events, work)
+        name = f"bench-hammer-{os.getpid()}"
+        h, seconds, stuck, _ = through_actor(a.actor_events, work / "actor.jsonl", name)
+        report("RemoteLink (controller actor)", h, work / "actor.jsonl", seconds, stuck)
         ray.shutdown()
     print(f"{time.perf_counter() - start:.0f} s in all; load average {os.getloadavg()[0]:.2f}")
 

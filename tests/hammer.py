@@ -21,11 +21,15 @@ from typing import Any
 
 import attrs
 
-from recovery_fsm import RecoveryError
+from recovery_fsm import RecoveryConfig, RecoveryController, RecoveryError
 from recovery_fsm import effects as fx
 from recovery_fsm import events as ev
+from recovery_fsm.host import ControllerLink
+from recovery_fsm.journal import JsonlJournal
 
 GROUPS = tuple(f"g{n}" for n in range(1, 8))  # one health thread each; the trainer is the 8th
+# A budget no hammered group spends, so every group keeps taking events to the end.
+CONFIG = RecoveryConfig(restart_budget=10**9)
 
 
 @attrs.define
@@ -161,3 +165,47 @@ def journal_counts(path: Path) -> tuple[list[int], Counter[str]]:
             else:
                 about[e["group"]] += 1
     return steps, about
+
+
+def in_process(events: int, journal: Path) -> tuple[Hammer, float, list[str], ControllerLink]:
+    """Hammer a controller through ``ControllerLink``; returns the hammer, the seconds, the
+    threads stuck and the (closed) link."""
+    with JsonlJournal(journal) as sink:
+        controller = RecoveryController(CONFIG, journal=sink)
+        h: Hammer
+        link = ControllerLink(controller, execute=lambda e: h.execute(e))
+
+        def query(name: str, *args: Any) -> Any:
+            value = getattr(controller, name)
+            return value(*args) if callable(value) else value
+
+        h = Hammer(link.send, query, events)
+        h.register()
+        seconds, stuck = h.run(timeout_s=3600)
+        link.close(60)
+    return h, seconds, stuck, link
+
+
+def through_actor(events: int, journal: Path, name: str) -> tuple[Hammer, float, list[str], Any]:
+    """The same through a ``RecoveryControllerActor`` named ``name`` and ``RemoteLink`` (on
+    a Ray cluster already up); the actor is closed and killed before this returns."""
+    import ray
+
+    from recovery_fsm.ray import RecoveryControllerActor, RemoteLink
+
+    actor = RecoveryControllerActor.launch(name, CONFIG, journal=str(journal))
+    h: Hammer
+    link = RemoteLink(actor, execute=lambda e: h.execute(e))
+    try:
+
+        def query(q: str, *args: Any) -> Any:
+            return ray.get(actor.query.remote(q, *args), timeout=60)
+
+        h = Hammer(link.send, query, events)
+        h.register()
+        seconds, stuck = h.run(timeout_s=3600)
+        link.close(60)
+        ray.get(actor.close.remote(), timeout=60)
+    finally:
+        ray.kill(actor)
+    return h, seconds, stuck, link
