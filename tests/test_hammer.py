@@ -41,3 +41,43 @@ def test_eight_threads_send_events_through_the_controller_actor(tmp_path: Path) 
     h, seconds, stuck, link = through_actor(4_000, journal, name)
     _check(h, journal, seconds, stuck)
     assert not link.errors
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_the_controller_actor_refuses_bad_input_typed_and_unchanged() -> None:
+    """Arbitrary classes and fields through ``RemoteLink`` arrive as the typed refusal the
+    actor raised (not a ``RayTaskError``), and the actor's controller is unchanged."""
+    import ray
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from recovery_fsm import RecoveryError
+    from recovery_fsm import events as ev
+    from recovery_fsm.ray import RecoveryControllerActor, RemoteLink
+
+    actor = RecoveryControllerActor.launch(f"recovery-controller-{os.getpid()}-fuzz")
+    link = RemoteLink(actor, execute=lambda e: None)
+    link.send(ev.GroupRegistered, group="g0", version=0)
+    junk = st.one_of(st.none(), st.integers(-5, 5), st.floats(), st.text(max_size=4),
+                     st.lists(st.integers(), max_size=2))  # fmt: skip
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(
+        kind=st.sampled_from([*ev.EVENT_TYPES.values(), str]),
+        fields=st.dictionaries(st.sampled_from(["group", "version", "incarnation", "path",
+                                                "groups", "at"]), junk, max_size=3),
+    )  # fmt: skip
+    def send_junk(kind: type, fields: dict[str, object]) -> None:
+        before = ray.get(actor.query.remote("snapshot"), timeout=60)
+        try:
+            link.send(kind, **fields)
+        except RecoveryError:
+            assert ray.get(actor.query.remote("snapshot"), timeout=60) == before
+            return
+        assert not ray.get(actor.query.remote("check_invariants"), timeout=60)
+
+    try:
+        send_junk()
+    finally:
+        link.close(30)
+        ray.kill(actor)

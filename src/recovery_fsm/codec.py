@@ -21,7 +21,8 @@ def encode(obj: Any) -> dict[str, Any]:
 def decode_event(data: dict[str, Any]) -> Event:
     if not isinstance(data, dict) or "kind" not in data:
         raise MalformedEvent(f"expected an event object with a 'kind', got {data!r}")
-    cls = EVENT_TYPES.get(data["kind"])
+    kind = data["kind"]
+    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise MalformedEvent(f"unknown event kind {data['kind']!r}; known: {sorted(EVENT_TYPES)}")
     fields = {k: v for k, v in data.items() if k != "kind"}

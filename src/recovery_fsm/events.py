@@ -300,3 +300,21 @@ EVENT_TYPES: dict[str, type[Event]] = {
 # The outcomes that end a process start (RestartFromCheckpoint or RestartCold).
 LOAD_OUTCOMES = (RestartLoaded, RestartLoadFailed)
 RELAUNCH_OUTCOMES = (Relaunched, RelaunchFailed)
+
+
+def build(cls: type[Event], fields: Mapping[str, Any], at: float) -> Event:
+    """``cls(**fields, at=at)`` for a link that stamps the time, with a typed refusal for
+    what is not an event class or not its fields (Python's own ``TypeError`` would not say
+    what was expected, and through a Ray actor would not arrive typed)."""
+    if not (isinstance(cls, type) and cls in _CLASSES):
+        raise MalformedEvent(f"expected an event class, one of {sorted(EVENT_TYPES)}; got {cls!r}")
+    if "at" in fields:
+        raise MalformedEvent(f"{cls.__name__}: the link stamps 'at'; do not pass it")
+    try:
+        return cls(**fields, at=at)  # type: ignore[call-arg]
+    except TypeError as err:
+        expected = [a.name for a in attrs.fields(cls) if a.name != "at"]
+        raise MalformedEvent(f"bad fields for {cls.__name__} (expected {expected}): {err}") from err
+
+
+_CLASSES = frozenset(EVENT_TYPES.values())

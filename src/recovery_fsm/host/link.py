@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import attrs
 
 from .. import CheckpointView, Effect, Event, GroupView, RecoveryController, StandbyView
+from ..events import build
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class ControllerLink:
         """Stamp, handle, queue the effects for ``execute``; return them."""
         with self._lock:
             self._last = max(self._last, self._clock())
-            effects = self.controller.handle(cls(at=self._last, **fields))  # type: ignore[call-arg]
+            effects = self.controller.handle(build(cls, fields, self._last))
             if self._execute is None or not effects:
                 return effects
             with self._cv:

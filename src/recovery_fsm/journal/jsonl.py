@@ -37,11 +37,22 @@ class JsonlJournal:
 
 
 def read_journal(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    with Path(path).open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    """Each line's record, checked to be a JSON object (a damaged line raises
+    ``MalformedEvent`` naming the file and line)."""
+    with Path(path).open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise MalformedEvent(f"{path}:{lineno}: not UTF-8 text: {err}") from err
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
-            except json.JSONDecodeError as err:
+                record = json.loads(line)
+            except (json.JSONDecodeError, RecursionError) as err:
                 raise MalformedEvent(f"{path}:{lineno}: not a JSON line: {err}") from err
+            if not isinstance(record, dict):
+                raise MalformedEvent(
+                    f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}"
+                )
+            yield record

@@ -86,7 +86,7 @@ class RecoveryControllerActor:
         with self._lock:
             now = max(time.monotonic(), self._last)
             self._last = now
-            effects = self._controller.handle(cls(**fields, at=now))  # type: ignore[call-arg]
+            effects = self._controller.handle(ev.build(cls, fields, now))
             for effect in effects:
                 self._numbered += 1
                 self._outbox.append((self._numbered, effect))
@@ -127,7 +127,7 @@ class RecoveryControllerActor:
 _QUERIES = (
     "up_groups", "group", "groups", "incarnation", "group_state", "recovery_state",
     "checkpoint_state", "checkpoints", "outstanding", "drained", "closed", "version",
-    "standbys", "up_standbys", "pool_state", "check_invariants",
+    "standbys", "up_standbys", "pool_state", "check_invariants", "snapshot",
 )  # fmt: skip
 
 

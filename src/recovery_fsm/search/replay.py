@@ -53,6 +53,8 @@ def rules_class(name: str) -> type[Rules]:
     """``real``, or a rules class by ``module:Class`` (what a journal's header records): the
     real ``recovery_fsm.rules:Rules`` or any other importable one, say a broken variant a
     test wrote. Importing the module runs it: name only modules you trust."""
+    if not isinstance(name, str):
+        raise MalformedEvent(f"a controller is named by a string, got {name!r:.80}")
     if name in {"real", REAL}:
         return Rules
     module, _, qualname = name.partition(":")
@@ -70,17 +72,29 @@ def rules_class(name: str) -> type[Rules]:
     return cast("type[Rules]", found)
 
 
-def replay(path: str | os.PathLike[str], rules: type[Rules] | None = None) -> ReplayReport:
-    records = list(read_journal(path))
-    header: dict[str, Any] = {}
-    if records and "header" in records[0]:
-        header = records.pop(0)["header"]
+def _opening(
+    path: str | os.PathLike[str], records: list[dict[str, Any]], rules: type[Rules] | None
+) -> tuple[RecoveryConfig, int, type[Rules]]:
+    """The run a journal's header describes (taken off ``records``), every field checked;
+    and every record's shape checked, so that a damaged journal is refused before any of
+    it is replayed."""
+    header: Any = records.pop(0)["header"] if records and "header" in records[0] else {}
+    if not isinstance(header, dict) or not isinstance(header.get("config", {}), dict):
+        raise MalformedEvent(f"{path}: the header is not a run's header: {header!r:.120}")
     try:
         config = RecoveryConfig(**header.get("config", {}))
     except TypeError as err:
         raise MalformedEvent(f"{path}: the header's config is not a RecoveryConfig: {err}") from err
-    cls = rules or rules_class(header.get("rules", REAL))
-    c = RecoveryController(config, initial_version=header.get("initial_version", 0), rules=cls)
+    for record in records:
+        if not isinstance(record.get("error", {}), dict):
+            raise MalformedEvent(f"{path}: a record's error is not an object: {record!r:.120}")
+    return config, header.get("initial_version", 0), rules or rules_class(header.get("rules", REAL))
+
+
+def replay(path: str | os.PathLike[str], rules: type[Rules] | None = None) -> ReplayReport:
+    records = list(read_journal(path))
+    config, initial_version, cls = _opening(path, records, rules)
+    c = RecoveryController(config, initial_version=initial_version, rules=cls)
     world = World(config, fleet=c.version)
     divergences: list[str] = []
     steps = 0
@@ -145,14 +159,8 @@ def rebuild(
     rebuild with fixed ``rules``, look at ``outstanding()``, carry on. A journal with a gap
     (records a failing sink lost) is refused: the state it would give is not the real one."""
     records = list(read_journal(path))
-    header = records.pop(0)["header"] if records and "header" in records[0] else {}
-    config = RecoveryConfig(**header.get("config", {}))
-    c = RecoveryController(
-        config,
-        initial_version=header.get("initial_version", 0),
-        rules=rules or rules_class(header.get("rules", REAL)),
-        journal=journal,
-    )
+    config, initial_version, cls = _opening(path, records, rules)
+    c = RecoveryController(config, initial_version=initial_version, rules=cls, journal=journal)
     for record in records:
         if "lost" in record:
             raise MalformedEvent(
