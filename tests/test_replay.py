@@ -145,3 +145,20 @@ def test_rebuild_refuses_a_journal_with_a_gap(tmp_path: Path) -> None:
     )
     with pytest.raises(MalformedEvent, match="1 records were lost"):
         rebuild(path)
+
+
+def test_a_journal_longer_than_the_kept_final_states_replays_clean(tmp_path: Path) -> None:
+    """The controller keeps the final states of its latest 16 checkpoints; the replay's world
+    model checks no older ones (it used to ask for version 1 at the 18th and crash)."""
+    path = tmp_path / "long.jsonl"
+    with JsonlJournal(path) as sink:
+        c = RecoveryController(RecoveryConfig(), journal=sink)
+        c.handle(ev.GroupRegistered("g0", 0, at=0.0))
+        for v in range(1, 41):
+            c.handle(ev.WeightsSynced(v, {"g0": 1}, at=float(v)))
+            c.handle(ev.ExportStarted(v, at=float(v)))
+            c.handle(ev.ExportCommitted(v, f"/ckpt/step-{v}", at=float(v)))
+            for done in [k for k, view in c.checkpoints().items() if view.state == "deletable"]:
+                c.handle(ev.CheckpointDeleted(done, at=float(v)))
+    report = replay(path)
+    assert report.ok and report.steps == 1 + 40 * 3 + 39, report.render()

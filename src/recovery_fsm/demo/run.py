@@ -98,6 +98,8 @@ class DemoOptions:
     request_interval_s: float = 0.2  # each group's pause between rollout requests
     engine: str = "reference"  # or "vllm"
     standby: int = 1  # warm standbys in the "standby" run
+    # The restart budget (6) counts the failures of this many seconds (None: the whole run).
+    restart_window_s: float | None = None
 
 
 @attrs.frozen
@@ -387,7 +389,11 @@ def run(
     counters = Counters()
     trainer = SyntheticTrainer(config, options.seed)
     groups = [f"g{i}" for i in range(options.groups)]
-    recovery = RecoveryConfig(immediate_recovery=mode != "cold", restart_budget=6)
+    recovery = RecoveryConfig(
+        immediate_recovery=mode != "cold",
+        restart_budget=6,
+        restart_window_s=options.restart_window_s,
+    )
     rollouts: _Rollouts | None = None
 
     def router(effect: fx.RouteTraffic | fx.WithdrawTraffic) -> None:

@@ -21,6 +21,7 @@ from .. import events as ev
 from ..config import RecoveryConfig
 from ..controller import RecoveryController
 from ..machines import SERVING
+from ..rules import FINISHED_KEPT
 
 
 @attrs.define
@@ -667,7 +668,8 @@ class World:
                 elif self.fleet in self.started and self.fleet not in self.exports:
                     out.append(f"group {name} still waits for C({self.fleet}), whose export ended")
         out += self._check_standbys(c)
-        for v, allowed in self.gone.items():
+        # The controller keeps the final states of its latest FINISHED_KEPT checkpoints only.
+        for v, allowed in sorted(self.gone.items())[-FINISHED_KEPT:]:
             if c.checkpoint_state(v) not in allowed:
                 out.append(f"checkpoint {v} is {c.checkpoint_state(v)}, expected {sorted(allowed)}")
         for name, incarnation in self.routed.items():
