@@ -3,7 +3,7 @@ resident memory, the controller's tables, the runtime's actor table, the ledger 
 journal's bytes per step. Bounded means flat once the run is warm, whatever the step count.
 
     .venv/bin/python benchmarks/soak.py [--steps 500] [--step-s 1] [--chaos-rate 0.1]
-        [--every 50] [--run standby|immediate]
+        [--every 50] [--run standby|immediate] [--window-s 60]
 
 The restart budget refills (``restart_window_s``, default 60 s), so a long run's groups keep
 recovering instead of retiring one by one. Not in it (issue 20, still open): a trainer

@@ -11,7 +11,13 @@ from budget import BUDGET, search_settings
 
 from recovery_fsm.search import Scope, Sim, explore, small_config
 from recovery_fsm.search.sim import TRAINER, Action
-from recovery_fsm.search.stateful import WIDE_STANDBY, WIDE_WINDOW, race_search
+from recovery_fsm.search.stateful import (
+    WIDE_STANDBY,
+    WIDE_WINDOW,
+    race_search,
+    small_standby,
+    small_window,
+)
 
 # Where a failing example's journal lands: keep it after the run to replay it.
 TRACES = Path(os.environ.get("RECOVERY_FSM_TRACES", Path(tempfile.gettempdir()) / "recovery-fsm"))
@@ -25,14 +31,14 @@ StandbyRaces = race_search(scope=WIDE_STANDBY, journal_dir=TRACES)
 TestStandbyRaces = StandbyRaces.TestCase
 TestStandbyRaces.settings = search_settings(BUDGET.examples)
 # One group and a standby: small enough to explore, with every state settled fairly.
-STANDBY_SCOPE = Scope(groups=("g0",), config=small_config(standby=1, standby_boot_budget=2))
+STANDBY_SCOPE = small_standby()
 
 # The same search with a restart budget that refills over a window.
 WindowRaces = race_search(scope=WIDE_WINDOW, journal_dir=TRACES)
 TestWindowRaces = WindowRaces.TestCase
 TestWindowRaces.settings = search_settings(BUDGET.examples)
 # One group whose budget of two refills 25 s after each restart.
-WINDOW_SCOPE = Scope(groups=("g0",), max_failures=4, config=small_config(restart_window_s=25.0))
+WINDOW_SCOPE = small_window()
 
 
 def test_explorer_finds_no_violation_in_the_real_controller() -> None:

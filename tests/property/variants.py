@@ -28,8 +28,14 @@ from typing import Any
 import attrs
 
 import recovery_fsm
-from recovery_fsm.search import Scope, small_config
-from recovery_fsm.search.stateful import WIDE, WIDE_STANDBY, WIDE_WINDOW
+from recovery_fsm.search import Scope
+from recovery_fsm.search.stateful import (
+    WIDE,
+    WIDE_STANDBY,
+    WIDE_WINDOW,
+    small_standby,
+    small_window,
+)
 
 PACKAGE = "recovery_fsm_variants"
 SOURCE = Path(recovery_fsm.__file__).resolve().parent
@@ -443,9 +449,7 @@ STANDBY_VARIANTS: tuple[Variant, ...] = (
         "refill-during-claim",
         "Boots the pool's refill the moment a standby is claimed, beside the claim's "
         "admission check on the same cores.",
-        (
-            (f"{IN * 2}if self._claim_checked():\n{IN * 3}return\n", ""),
-        ),
+        ((f"{IN * 2}if self._claim_checked():\n{IN * 3}return\n", ""),),
         scope="standby",
     ),
     Variant(
@@ -498,11 +502,7 @@ BY_NAME = {v.name: v for v in VARIANTS + HOSTING_VARIANTS}
 # standbys the explorer runs one group beside a pool of one (two boot failures exhaust it);
 # with a restart window, one group failing up to four times.
 SEARCHED = {"wide": WIDE, "standby": WIDE_STANDBY, "window": WIDE_WINDOW}
-EXPLORED = {
-    "wide": Scope(),
-    "standby": Scope(groups=("g0",), config=small_config(standby=1, standby_boot_budget=2)),
-    "window": Scope(groups=("g0",), max_failures=4, config=small_config(restart_window_s=25.0)),
-}
+EXPLORED = {"wide": Scope(), "standby": small_standby(), "window": small_window()}
 
 
 def searched(name: str) -> Scope:

@@ -213,17 +213,19 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _explore(args: argparse.Namespace) -> int:
-    from ..search import Scope, explore, small_config
+    from ..search import explore
+    from ..search.stateful import small_standby, small_window
 
     if args.journal_dir and Path(args.journal_dir).is_file():
         raise Failed(f"--journal-dir {args.journal_dir} is a file; give a directory", USAGE)
+    if args.standby and args.restart_window is not None:
+        raise Failed("--standby and --restart-window each search their own small world; "
+                     "give one of them", USAGE)  # fmt: skip
     scope = None
     if args.standby:  # one group beside the pool: the standby rules' small world
-        scope = Scope(groups=("g0",), config=small_config(standby=args.standby,
-                                                           standby_boot_budget=2))  # fmt: skip
+        scope = small_standby(args.standby)
     elif args.restart_window is not None:  # one group failing up to four times
-        scope = Scope(groups=("g0",), max_failures=4,
-                      config=small_config(restart_window_s=args.restart_window))  # fmt: skip
+        scope = small_window(args.restart_window)
     result = explore(
         args.depth,
         scope,

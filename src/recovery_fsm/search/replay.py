@@ -86,8 +86,12 @@ def _opening(
     except TypeError as err:
         raise MalformedEvent(f"{path}: the header's config is not a RecoveryConfig: {err}") from err
     for record in records:
-        if not isinstance(record.get("error", {}), dict):
-            raise MalformedEvent(f"{path}: a record's error is not an object: {record!r:.120}")
+        error = record.get("error", {})
+        if not isinstance(error, dict) or not isinstance(error.get("type", ""), str):
+            raise MalformedEvent(f"{path}: a record's error is not an error: {record!r:.120}")
+        finding = record.get("finding", [])
+        if not isinstance(finding, list) or not all(isinstance(f, str) for f in finding):
+            raise MalformedEvent(f"{path}: a finding is not a list of texts: {record!r:.120}")
     return config, header.get("initial_version", 0), rules or rules_class(header.get("rules", REAL))
 
 

@@ -561,7 +561,8 @@ class Sim:
 
     def _ages(self, started: list[float]) -> int | list[float]:
         """Restarts as the budget sees them: a count, or with a window the ages of those
-        still in it (older ones no longer matter, so states differing only there are one)."""
+        still in it (older ones no longer count toward it; the total ``restarts`` in the
+        controller's snapshot still tells such states apart)."""
         window = self.scope.config.restart_window_s
         if window is None:
             return len(started)

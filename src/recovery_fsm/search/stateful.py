@@ -42,6 +42,18 @@ WIDE_STANDBY = attrs.evolve(WIDE, config=small_config(standby=1, standby_boot_bu
 WIDE_WINDOW = attrs.evolve(WIDE, config=small_config(restart_window_s=25.0))
 
 
+def small_standby(size: int = 1) -> Scope:
+    """The explorer's world for standbys: one group beside a pool of ``size`` (two boot
+    failures exhaust it)."""
+    return Scope(groups=("g0",), config=small_config(standby=size, standby_boot_budget=2))
+
+
+def small_window(window_s: float = 25.0) -> Scope:
+    """The explorer's world for a refilling budget: one group, its budget of two refilling
+    over ``window_s``, failing up to four times."""
+    return Scope(groups=("g0",), max_failures=4, config=small_config(restart_window_s=window_s))
+
+
 # Rules group the actions so the common moves of a race are drawn often and the rest
 # still happen: Hypothesis picks among enabled rules evenly. A few rules take a short
 # sequence in one go (a training step, a push racing a restart): drawn move by move among
