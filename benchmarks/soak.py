@@ -89,7 +89,8 @@ def main() -> None:
     safety = result.statistics.safety
     report = replay(result.journal)
     print(f"{time.monotonic() - start:.0f} s; failures {result.ledger.failures}; recoveries "
-          f"{dict(result.statistics.recoveries)}; groups at the end {sampler.states}")  # fmt: skip
+          f"{dict(result.statistics.recoveries)}; groups at the last step "
+          f"{sampler.states}")  # fmt: skip
     print(f"safety: stale admissions {result.counters.stale_admissions}, stale answers "
           f"{result.counters.stale_serves}, loads from deleted paths {safety.loads_from_deleted},"
           f" leaked directories {len(result.leaked)}, lost reports {safety.lost_reports}; "

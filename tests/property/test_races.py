@@ -131,3 +131,16 @@ def test_fork_is_independent_of_its_parent() -> None:
     # The copy's machines act on the copy's records: its guard sees the copy's lease.
     ck = child.controller.rules.checkpoints[0]
     assert ck.machine.model is ck.record and not ck.record.reapable
+
+
+def test_a_load_in_place_after_a_claim_does_not_hold_the_refill_back() -> None:
+    """The claimed standby held v1; the fleet moved to v2 meanwhile, so the claim's outcome
+    is a load of C(2) in place into the same process, and the refill boots beside that load:
+    the claim itself has reported. (The world model once took that load for the claim; the
+    soak's journal showed it.)"""
+    sim = _walk(Sim(STANDBY_SCOPE), ["standby_booted(standby-1)", "sync", "fail(g0)", "sync",
+                                     "export", "commit(2)"])  # fmt: skip
+    assert sim.controller.group("g0").state == "claiming"
+    assert sim.step(next(a for a in sim.actions() if str(a) == "loaded(g0#2)")) == []
+    assert sim.controller.group("g0").state == "loading"
+    assert sorted(sim.controller.standbys()) == ["standby-2"]

@@ -28,6 +28,7 @@ from ..rules import FINISHED_KEPT
 class Load:
     path: str | None  # None: a standby claimed as it is (its admission check only)
     version: int
+    claim: bool = False  # a group's claim of a standby, until its outcome
 
 
 @attrs.define
@@ -396,14 +397,17 @@ class World:
         p = self._start(f.group, f.incarnation, "claim", out)
         p.status, p.via = "loading", "standby"
         held = s.holds if s is not None and s.holds is not None else -1
-        self.loads[(f.group, f.incarnation)] = Load(f.path, f.version if f.path else held)
+        self.loads[(f.group, f.incarnation)] = Load(f.path, f.version if f.path else held, True)
         if s is not None:
             s.status = "claimed"
 
     def _claims_checked(self) -> list[str]:
-        """Groups whose claim of a standby has not reported its outcome yet."""
+        """Groups whose claim of a standby has not reported its outcome yet (a load in place
+        after it, into the same process, is not the claim)."""
         return sorted(
-            g for g, p in self.procs.items() if p.status == "loading" and p.via == "standby"
+            g
+            for (g, i), load in self.loads.items()
+            if load.claim and self.procs[g].incarnation == i and self.procs[g].status == "loading"
         )
 
     def _holds_current(self, name: str) -> bool:
