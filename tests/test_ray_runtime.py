@@ -140,6 +140,8 @@ def test_a_hung_load_is_killed_at_its_deadline_and_restarted(tmp_path: Path) -> 
         assert rt.actors("g0", 2) == []
         step(model)
         assert rt.sync(model, 2)["g0"] == rt.controller.incarnation("g0")
+        # The sync admits it; its route reaches the router through the effect thread.
+        wait_for(lambda: serving(rt, "g0"), what="g0 routed after the sync admitted it")
         assert rt.generate("g0", [5, 6]).version == 2
     assert_replays_clean(tmp_path)
 
