@@ -237,6 +237,26 @@ class RecoveryController:
         self.__dict__.update(state)
         self._lock = threading.RLock()
 
+    def continue_journal(self, journal: JournalSink, after_step: int) -> None:
+        """Journal from now on to ``journal``, numbering records after ``after_step``: a
+        controller rebuilt from a journal goes on writing that same journal (no second
+        header), so the whole run replays as one."""
+        with self._lock:
+            if self._journal is not None:
+                raise EventNotAllowed("this controller journals already")
+            if type(after_step) is not int or after_step < self._steps:
+                raise MalformedEvent(
+                    f"after_step must be an int >= {self._steps} (the events it handled), "
+                    f"got {after_step!r}"
+                )
+            self._journal, self._steps = journal, after_step
+
+    @property
+    def now(self) -> float | None:
+        """The time of the last event it took (None before the first): a link that takes
+        over a rebuilt controller stamps from there on."""
+        return self._now
+
     # -- queries -----------------------------------------------------------------------------
 
     @property

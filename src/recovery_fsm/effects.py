@@ -107,6 +107,18 @@ class DeleteCheckpoint(Effect):
 
 
 @attrs.frozen
+class VerifyGroup(Effect):
+    """After a resume: ask the process running incarnation ``incarnation`` of ``group`` (found
+    by its name) which incarnation and weights it holds, and check its canary against that
+    version's record. Report GroupVerified, or GroupFailed if it is gone, answers for another
+    incarnation or fails the check (kill what was found first). A load it was running when
+    the trainer died finishes first: the answer is what it holds after."""
+
+    group: str
+    incarnation: int
+
+
+@attrs.frozen
 class StartStandby(Effect):
     """Boot a standby engine named ``standby``, without weights and never routed; report
     StandbyBooted or StandbyFailed."""

@@ -156,6 +156,19 @@ class CheckpointDeleted(Event):
 
 
 @attrs.frozen
+class Resumed(Event):
+    """The trainer restarted from its own checkpoint of ``version`` and a new runtime took
+    over this controller (rebuilt from its journal). What the old runtime had in flight died
+    with it: exports, starts' reports, deletes. Before sending this, the runtime killed every
+    process that is not a group's current one (standbys, starts killed at a deadline), so
+    their leases may end; each group's current process, if it survived, must say what it
+    holds (``VerifyGroup``) before it is trusted."""
+
+    version: int = attrs.field(validator=valid.version)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+
+
+@attrs.frozen
 class Shutdown(Event):
     at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
@@ -203,6 +216,19 @@ class GroupFailed(Event):
     incarnation: int = attrs.field(validator=valid.incarnation)
     at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
     reason: str = attrs.field(default="", converter=valid.plain_str, validator=valid.text)
+
+
+@attrs.frozen
+class GroupVerified(Event):
+    """After a resume, incarnation ``incarnation`` of ``group`` answered: it holds weight
+    ``version`` (None: none) and passed the admission check against it (the canary of that
+    version's push or checkpoint). A process that did not answer, or answered for another
+    incarnation, is reported with ``GroupFailed`` instead."""
+
+    group: str = attrs.field(converter=valid.plain_str, validator=valid.name)
+    incarnation: int = attrs.field(validator=valid.incarnation)
+    version: int | None = attrs.field(validator=valid.optional_version)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
 
 @attrs.frozen
@@ -281,12 +307,14 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ExportCancelled,
         CheckpointPinned,
         CheckpointDeleted,
+        Resumed,
         Shutdown,
         Tick,
         GroupRegistered,
         ProbeFailed,
         ProbeOk,
         GroupFailed,
+        GroupVerified,
         RestartLoaded,
         RestartLoadFailed,
         Relaunched,

@@ -34,6 +34,9 @@ class CheckpointRecord:
     path: str | None = None
     leases: int = 0
     state: str | None = None
+    # Newer than the version a trainer resumed at: a future the run does not follow. Its
+    # version is synced and exported anew once it is gone.
+    abandoned_future: bool = False
 
     @property
     def reapable(self) -> bool:
@@ -177,6 +180,8 @@ class CheckpointMachine(StateMachine):
         | ready.to(ready)
     )
     remove = deletable.to(deleted)
+    # The trainer resumed at this version: its committed checkpoint is the source again.
+    revive = superseded.to(ready)
 
 
 # The guard of a load in place; both facts come with the event.
@@ -194,6 +199,8 @@ class WorkerGroupMachine(StateMachine):
     claiming = State()
     relaunching = State()
     pending_weights = State()
+    # The trainer resumed: its process (if any survived) has not yet said what it holds.
+    resuming = State()
     retired = State(final=True)
     stopped = State(final=True)
 
@@ -206,6 +213,7 @@ class WorkerGroupMachine(StateMachine):
         | loading.to(failed)
         | claiming.to(failed)
         | relaunching.to(failed)
+        | resuming.to(failed)
     )
     await_checkpoint = failed.to(awaiting_checkpoint)
     # A warm standby becomes the group's next process: admitted as it is if it holds the
@@ -240,6 +248,19 @@ class WorkerGroupMachine(StateMachine):
     # A failed group whose restart budget is spent retires; else it stays failed and
     # recovers. With a window the budget refills as restarts age out of it.
     retire = failed.to(retired, cond="budget_spent") | failed.to(failed, unless="budget_spent")
+    # After the trainer's restart nothing is trusted: every process must say what it holds.
+    resume = (
+        active.to(resuming)
+        | suspect.to(resuming)
+        | pending_weights.to(resuming)
+        | loading.to(resuming)
+        | claiming.to(resuming)
+        | relaunching.to(resuming)
+    )
+    # It answered: it serves if it holds the fleet's version, else it holds stale weights.
+    verified = resuming.to(active, cond="serves_current") | resuming.to(
+        pending_weights, unless="serves_current"
+    )
     stop = (
         active.to(stopped)
         | suspect.to(stopped)
@@ -249,6 +270,7 @@ class WorkerGroupMachine(StateMachine):
         | claiming.to(stopped)
         | relaunching.to(stopped)
         | pending_weights.to(stopped)
+        | resuming.to(stopped)
     )
 
 
@@ -348,6 +370,7 @@ class CheckpointEvent:
     CANCEL: Final = "cancel"
     REAP: Final = "reap"
     REMOVE: Final = "remove"
+    REVIVE: Final = "revive"
 
 
 class GroupState:
@@ -359,6 +382,7 @@ class GroupState:
     CLAIMING: Final = "claiming"
     RELAUNCHING: Final = "relaunching"
     PENDING_WEIGHTS: Final = "pending_weights"
+    RESUMING: Final = "resuming"
     RETIRED: Final = "retired"
     STOPPED: Final = "stopped"
 
@@ -376,6 +400,8 @@ class GroupEvent:
     RELOAD: Final = "reload"
     SYNC: Final = "sync"
     RETIRE: Final = "retire"
+    RESUME: Final = "resume"
+    VERIFIED: Final = "verified"
     STOP: Final = "stop"
 
 
@@ -558,7 +584,7 @@ UP = SERVING | {GroupState.PENDING_WEIGHTS}
 LOADING = sources(WorkerGroupMachine, GroupEvent.LOADED)
 RELAUNCHING = sources(WorkerGroupMachine, GroupEvent.RELAUNCHED)
 # The group waits under a deadline.
-WAITING = LOADING | RELAUNCHING | {GroupState.AWAITING_CHECKPOINT}
+WAITING = LOADING | RELAUNCHING | {GroupState.AWAITING_CHECKPOINT, GroupState.RESUMING}
 GROUP_FINAL = _final(WorkerGroupMachine)
 # A standby's process is up (booted) and not handed over.
 STANDBY_UP = frozenset({StandbyState.STALE, StandbyState.LOADING, StandbyState.READY})

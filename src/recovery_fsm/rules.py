@@ -41,17 +41,27 @@ One line per event (``on_<Event>`` below, in this order):
 * CheckpointPinned(v)       the user keeps C(v): it is never deleted (refused once a stale
   export was asked to stop).
 * CheckpointDeleted(v)      the files are gone.
+* Resumed(v)                the trainer restarted from its checkpoint of v, and a new runtime
+  took over (after killing every process that is not a group's current one). The fleet is
+  at v again; what the old runtime had in flight died with it. Exports end; checkpoints
+  newer than v are deleted once unleased (pinned or not: that future is not followed), and
+  a committed C(v) is the recovery source again; deletes are asked again. Standbys stop (the
+  pool refills). Every group with a process is ``resuming``: not routed, its start (and
+  lease) kept until it answers (``VerifyGroup``); a group awaiting a checkpoint recovers anew.
 * Shutdown                  every group and standby stops; checkpoints stop being sources.
   Outcomes of starts still in flight are accepted afterwards, and drain the controller.
 * Tick                      deadlines: a wait for C(v) past its timeout goes cold; a load or a
-  relaunch past its deadline is killed and counts as a failed restart; a standby's boot or
-  load past its deadline is killed and the standby is lost.
+  relaunch past its deadline is killed and counts as a failed restart; a process that does
+  not answer its verification within the load deadline is killed and has failed; a standby's
+  boot or load past its deadline is killed and the standby is lost.
 * GroupRegistered(g, v)     incarnation 1 of g, serving if v is the fleet's version.
 * ProbeFailed / ProbeOk     a serving group turns suspect; at the threshold it has failed and
   its process is stopped.
 * GroupFailed(g, i)         incarnation i is dead: its lease (if loading) ends with it, and a
   death while loading (a restart, or a load in place) is a failed load from the checkpoint
-  (recovery cools).
+  (recovery cools; not while resuming, when nobody knows whether the load ran).
+* GroupVerified(g, i, v')   a resuming process answered holding v': its start ends (and its
+  lease); it serves if v' is the fleet's version, else it catches up like any stale process.
 * RestartLoaded(g, i)       its load finished: the lease is released (which may reap C); it
   serves if it loaded the fleet's version, else it catches up from C(v) if that is ready
   (``LoadCheckpoint``, same process) or waits for the next sync.
@@ -292,6 +302,8 @@ class Rules:
         """How the export of ``old`` fared by the sync that leaves it (``sync_verdict``), or
         None if it never started: the sync does not count."""
         ck = self.checkpoints.get(old)
+        if ck is not None and ck.record.abandoned_future:
+            return None  # the run never exported this version since it resumed
         state = ck.record.state if ck is not None else self.finished.get(old)
         if state is None:
             return None
@@ -313,7 +325,10 @@ class Rules:
                 f"{self.fleet.version}: only the current version is exported"
             )
         if e.version in self.checkpoints or e.version in self.finished:
-            raise EventNotAllowed(f"an export of version {e.version} was already started")
+            raise EventNotAllowed(
+                f"an export of version {e.version} was already started (or its checkpoint "
+                "from before a resume is still being deleted)"
+            )
 
     def on_ExportStarted(self, e: ev.ExportStarted, _: None) -> None:
         record = CheckpointRecord(e.version, pinned=e.pinned, state=CheckpointState.EXPORTING)
@@ -378,6 +393,59 @@ class Rules:
         self._fire_ck(ck, CheckpointEvent.REMOVE)
         self._forget(ck)
 
+    def check_Resumed(self, e: ev.Resumed) -> None:
+        self._require_open(e)
+        if e.version > self.fleet.version:
+            raise UnknownVersion(
+                f"Resumed at version {e.version}, but the fleet has only reached "
+                f"{self.fleet.version}: a trainer resumes from a checkpoint it wrote"
+            )
+
+    def on_Resumed(self, e: ev.Resumed, _: None) -> None:
+        v = self.fleet.version = e.version
+        for ck in list(self.checkpoints.values()):
+            rec = ck.record
+            if rec.state in {CheckpointState.EXPORTING, CheckpointState.ABANDONED}:
+                self._fire_ck(ck, CheckpointEvent.FAIL)  # its writer died with the trainer
+                self._forget(ck)
+                continue
+            if rec.version > v:
+                rec.pinned, rec.abandoned_future = False, True  # not followed, so not kept
+                if rec.state == CheckpointState.READY:
+                    self._fire_ck(ck, CheckpointEvent.SUPERSEDE)
+            elif rec.version == v and rec.state == CheckpointState.SUPERSEDED:
+                self._fire_ck(ck, CheckpointEvent.REVIVE)
+            if rec.state == CheckpointState.SUPERSEDED:
+                self._reap(ck)
+            elif rec.state == CheckpointState.DELETABLE:
+                assert rec.path is not None  # asked before; that runtime died: ask again
+                self._emit(fx.DeleteCheckpoint(rec.version, rec.path))
+        for version in [x for x in self.finished if x > v]:
+            del self.finished[version]  # versions above v will be synced and exported anew
+        for sb in list(self.standbys.values()):
+            if sb.record.state not in STANDBY_FINAL:
+                self._fire_standby(sb, StandbyEvent.STOP)
+                self._emit(fx.StopStandby(sb.record.name, "resume"))
+            self._end_standby_start(sb)  # the runtime killed it before this event
+            self._forget_standby(sb)
+        for (name, incarnation), start in list(self.starts.items()):
+            g = self.groups.get(name)
+            if g is None or (
+                incarnation == g.record.incarnation and g.record.state == GroupState.RESUMING
+            ):
+                continue  # still to answer an earlier resume's verification
+            if self._orphaned(g, incarnation, start):
+                self._end_start(g, incarnation)  # killed before this event; nobody reports
+        for g in list(self.groups.values()):
+            r = g.record
+            if r.state in UP | LOADING | RELAUNCHING | {GroupState.RESUMING}:
+                if r.state != GroupState.RESUMING:  # else: its verification died unanswered
+                    self._fire_group(g, GroupEvent.RESUME)
+                r.version, r.since = None, self.now
+                self._emit(fx.VerifyGroup(r.name, r.incarnation))
+            elif r.state == GroupState.AWAITING_CHECKPOINT:
+                self._recover(g, may_wait=False)  # the export it awaited died
+
     def check_Shutdown(self, e: ev.Shutdown) -> None:
         self._require_open(e)
 
@@ -387,7 +455,7 @@ class Rules:
             r = g.record
             if r.state in GROUP_FINAL:
                 continue
-            has_process = r.state in UP | LOADING | RELAUNCHING
+            has_process = r.state in UP | LOADING | RELAUNCHING | {GroupState.RESUMING}
             self._fire_group(g, GroupEvent.STOP)
             if has_process:
                 self._emit(fx.StopGroup(r.name, r.incarnation, "shutdown"))
@@ -416,6 +484,8 @@ class Rules:
                 self._fail(g, kill="load deadline")  # its lease waits for the killed start
             elif r.state in RELAUNCHING and waited >= c.deadline("relaunch"):
                 self._fail(g, kill="relaunch deadline")
+            elif r.state == GroupState.RESUMING and waited >= c.deadline("load"):
+                self._fail(g, kill="verify deadline")  # its start, if any, awaits the answer
         for sb in list(self.standbys.values()):
             s = sb.record
             if s.since is None:
@@ -496,10 +566,38 @@ class Rules:
         g = self._settle(found)
         if g is None:
             return
+        resuming = g.record.state == GroupState.RESUMING
         start = self._end_start(g)  # the process that read the checkpoint is gone, and its lease
-        if start is not None and start.lease is not None:
+        if start is not None and start.lease is not None and not resuming:
             self._cool(g)  # it died loading from the checkpoint: a failed immediate restart
         self._fail(g)
+
+    def check_GroupVerified(self, e: ev.GroupVerified) -> GroupSlot | Orphan:
+        g = self._require_group(e.group)
+        r = g.record
+        if e.incarnation == r.incarnation and r.state == GroupState.RESUMING:
+            return g
+        start = self.starts.get((e.group, e.incarnation))
+        if start is not None and (e.incarnation != r.incarnation or r.state in GROUP_FINAL):
+            return Orphan(g, e.incarnation)  # killed at its deadline: the answer ends its start
+        if e.incarnation != r.incarnation:
+            raise WrongIncarnation(
+                f"GroupVerified for incarnation {e.incarnation} of group {e.group!r}, whose "
+                f"current incarnation is {r.incarnation} ({r.state})"
+            )
+        raise EventNotAllowed(
+            f"GroupVerified for group {e.group!r} expects it resuming, but it is {r.state}"
+        )
+
+    def on_GroupVerified(self, e: ev.GroupVerified, found: GroupSlot | Orphan) -> None:
+        g = self._settle(found)
+        if g is None:
+            return
+        self._end_start(g)  # what it was loading when the trainer died has finished
+        g.record.version = e.version
+        self._fire_group(g, GroupEvent.VERIFIED)  # serves, or holds stale weights
+        if g.record.state == GroupState.PENDING_WEIGHTS:
+            self._catch_up(g)
 
     def check_RestartLoaded(self, e: ev.RestartLoaded) -> GroupSlot | Orphan:
         return self._current(e, LOADING)
@@ -849,6 +947,8 @@ class Rules:
         """Keep only the final state; of those, only the latest ``FINISHED_KEPT`` (the rules
         read the current and the previous version's: an older one is refused as unknown)."""
         del self.checkpoints[ck.record.version]
+        if ck.record.abandoned_future:
+            return  # its version comes anew after the resume
         self.finished[ck.record.version] = str(ck.record.state)
         while len(self.finished) > FINISHED_KEPT:
             del self.finished[min(self.finished)]
@@ -886,6 +986,8 @@ class Rules:
         for name, g in sorted(self.groups.items()):
             if g.record.state == GroupState.AWAITING_CHECKPOINT:
                 out.append(f"group {name!r} is waiting for a checkpoint")
+            elif g.record.state == GroupState.RESUMING:
+                out.append(f"group {name!r} has not answered since the resume")
         return out
 
     # -- checks (no change) ----------------------------------------------------------------

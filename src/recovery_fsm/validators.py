@@ -16,6 +16,12 @@ def version(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         raise MalformedEvent(f"{attr.name} must be an int >= 0, got {value!r}")
 
 
+def optional_version(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    """A weight version, or None for a process that holds no weights."""
+    if value is not None:
+        version(inst, attr, value)
+
+
 def incarnation(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
     if type(value) is not int or value < 1:
         raise MalformedEvent(f"{attr.name} must be an int >= 1, got {value!r}")

@@ -12,9 +12,11 @@ from budget import BUDGET, search_settings
 from recovery_fsm.search import Scope, Sim, explore, small_config
 from recovery_fsm.search.sim import TRAINER, Action
 from recovery_fsm.search.stateful import (
+    WIDE_RESUME,
     WIDE_STANDBY,
     WIDE_WINDOW,
     race_search,
+    small_resume,
     small_standby,
     small_window,
 )
@@ -40,6 +42,11 @@ TestWindowRaces.settings = search_settings(BUDGET.examples)
 # One group whose budget of two refills 25 s after each restart.
 WINDOW_SCOPE = small_window()
 
+# The standby world where the trainer crashes and resumes (twice at most).
+ResumeRaces = race_search(scope=WIDE_RESUME, journal_dir=TRACES)
+TestResumeRaces = ResumeRaces.TestCase
+TestResumeRaces.settings = search_settings(BUDGET.examples)
+
 
 def test_explorer_finds_no_violation_in_the_real_controller() -> None:
     result = explore(BUDGET.depth, journal_dir=TRACES)
@@ -56,6 +63,13 @@ def test_every_state_settles_when_failures_stop() -> None:
 
 def test_explorer_finds_no_violation_with_a_standby_pool() -> None:
     result = explore(BUDGET.liveness_depth, STANDBY_SCOPE, liveness=True, journal_dir=TRACES)
+    print(result.report())
+    assert not result.found, result.report()
+    assert len(result.new_states) == BUDGET.liveness_depth and all(result.new_states)
+
+
+def test_explorer_finds_no_violation_across_a_resume() -> None:
+    result = explore(BUDGET.liveness_depth, small_resume(), liveness=True, journal_dir=TRACES)
     print(result.report())
     assert not result.found, result.report()
     assert len(result.new_states) == BUDGET.liveness_depth and all(result.new_states)

@@ -31,8 +31,10 @@ import recovery_fsm
 from recovery_fsm.search import Scope
 from recovery_fsm.search.stateful import (
     WIDE,
+    WIDE_RESUME,
     WIDE_STANDBY,
     WIDE_WINDOW,
+    small_resume,
     small_standby,
     small_window,
 )
@@ -52,7 +54,8 @@ class Variant:
     patches: tuple[tuple[str, str], ...]  # (old snippet, new snippet), applied in order
     target: str = "rules"  # the module patched: "rules" or "controller" (a broken hosting)
     # The world searched (``SEARCHED``, ``EXPLORED``): "wide" (groups only), "standby" (the
-    # same with a standby pool) or "window" (with a restart budget that refills).
+    # same with a standby pool), "window" (with a restart budget that refills) or "resume"
+    # (with a standby pool, and the trainer crashing and resuming).
     scope: str = "wide"
 
     @property
@@ -496,13 +499,69 @@ WINDOW_VARIANTS = (
 )
 VARIANTS = VARIANTS + WINDOW_VARIANTS
 
+# Broken resumes after the trainer's crash (searched with a standby and two resumes).
+RESUME_VARIANTS = (
+    Variant(
+        "resume-trusts-survivors",
+        "Keeps every group that was up serving through a resume without asking what it "
+        "holds: a process still on the abandoned future's weights gets traffic.",
+        (
+            (
+                f"{IN * 3}if r.state in UP | LOADING | RELAUNCHING | {{GroupState.RESUMING}}:\n",
+                f"{IN * 3}if r.state in LOADING | RELAUNCHING | {{GroupState.RESUMING}}:\n",
+            ),
+        ),
+        scope="resume",
+    ),
+    Variant(
+        "resume-keeps-the-future",
+        "Leaves checkpoints newer than the resumed version as they were: the abandoned "
+        "future's files stay on disk, and its version cannot be exported again.",
+        (((f"{IN * 3}if rec.version > v:\n", f"{IN * 3}if rec.version > v and False:\n")),),
+        scope="resume",
+    ),
+    Variant(
+        "resume-drops-leases",
+        "Ends every start in flight at a resume, the surviving processes' loads too: their "
+        "checkpoints lose their leases while those processes still read them.",
+        (
+            (
+                f"{IN * 3}if self._orphaned(g, incarnation, start):\n",
+                f"{IN * 3}if True:\n",
+            ),
+        ),
+        scope="resume",
+    ),
+    Variant(
+        "standbys-survive-resume",
+        "Keeps the standbys through a resume, trusting what the dead runtime last heard "
+        "from them (a load it started never reports).",
+        (
+            (
+                f"{IN * 3}if sb.record.state not in STANDBY_FINAL:\n"
+                f"{IN * 4}self._fire_standby(sb, StandbyEvent.STOP)\n"
+                f'{IN * 4}self._emit(fx.StopStandby(sb.record.name, "resume"))\n'
+                f"{IN * 3}self._end_standby_start(sb)",
+                f"{IN * 3}if False:\n{IN * 4}self._end_standby_start(sb)",
+            ),
+        ),
+        scope="resume",
+    ),
+)
+VARIANTS = VARIANTS + RESUME_VARIANTS
+
 BY_NAME = {v.name: v for v in VARIANTS + HOSTING_VARIANTS}
 
 # The worlds each kind of variant is searched in: Hypothesis's and the explorer's. With
 # standbys the explorer runs one group beside a pool of one (two boot failures exhaust it);
 # with a restart window, one group failing up to four times.
-SEARCHED = {"wide": WIDE, "standby": WIDE_STANDBY, "window": WIDE_WINDOW}
-EXPLORED = {"wide": Scope(), "standby": small_standby(), "window": small_window()}
+SEARCHED = {"wide": WIDE, "standby": WIDE_STANDBY, "window": WIDE_WINDOW, "resume": WIDE_RESUME}
+EXPLORED = {
+    "wide": Scope(),
+    "standby": small_standby(),
+    "window": small_window(),
+    "resume": small_resume(),
+}
 
 
 def searched(name: str) -> Scope:

@@ -136,6 +136,10 @@ class ControllerLink:
         self._execute = execute
         self._lock = threading.RLock()
         self._last = float("-inf")
+        # A controller rebuilt in another process (or on another host) took events at times
+        # of another clock: stamp from its last one on, never behind it.
+        last = controller.now
+        self._offset = 0.0 if last is None else max(0.0, last - clock())
         self._cv = threading.Condition()
         self._queue: collections.deque[Effect] = collections.deque()
         self._busy = 0  # effects taken off the queue and not finished
@@ -151,7 +155,7 @@ class ControllerLink:
     def send(self, cls: type[Event], **fields: Any) -> tuple[Effect, ...]:
         """Stamp, handle, queue the effects for ``execute``; return them."""
         with self._lock:
-            self._last = max(self._last, self._clock())
+            self._last = max(self._last, self._clock() + self._offset)
             effects = self.controller.handle(build(cls, fields, self._last))
             if self._execute is None or not effects:
                 return effects

@@ -56,3 +56,37 @@ def read_journal(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                     f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}"
                 )
             yield record
+
+
+def trim_torn_tail(path: str | os.PathLike[str]) -> bytes:
+    """Cut a last line the writer did not finish (its process died mid-write: no newline)
+    so the journal reads, and can be appended to, cleanly; returns the bytes cut (empty:
+    the journal ended on a whole line). A whole line, however damaged, is left for
+    ``read_journal`` to refuse: only an unfinished write is a crash's normal trace."""
+    p = Path(path)
+    with p.open("r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return b""
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return b""
+        # Find the last newline: everything after it is the torn line.
+        block, end = 1 << 16, size
+        while end > 0:
+            start = max(0, end - block)
+            f.seek(start)
+            chunk = f.read(end - start)
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            end = start
+        else:
+            keep = 0
+        f.seek(keep)
+        torn = f.read()
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    return torn

@@ -13,6 +13,7 @@ from .runtime import (
     AlreadyStarted,
     BadRuntimeInput,
     RecoveryRuntime,
+    Resumption,
     Statistics,
     VersionNotAbove,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "RemoteController",
     "RemoteLink",
     "Reporter",
+    "Resumption",
     "RolloutEngine",
     "SafetyCounters",
     "SafetySnapshot",

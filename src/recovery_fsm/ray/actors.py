@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -32,6 +33,11 @@ class Process:
     incarnation: int
     actors: tuple[Any, ...]
     started_at: float
+
+
+def namespace(run: str) -> str:
+    """The Ray namespace a named run's engines live in."""
+    return f"recovery-fsm.{run}"
 
 
 def kill(actors: Iterable[Any]) -> None:
@@ -165,8 +171,13 @@ class Launcher:
         actors_per_group: int,
         actor_options: Mapping[str, Any],
         call_timeout_s: float,
+        run: str | None = None,
     ) -> None:
         self.table = table
+        # A named run's engines are detached and named in the run's namespace: they outlive
+        # the trainer's process, and a resumed runtime finds them there (``survivors``).
+        self.run = run
+        self.boots = 0  # engine processes started by this launcher
         # Probes and watches get their own threads, so they answer beside a load.
         self._engine: Any = ray.remote(concurrency_groups={"health": 1, "watch": 1})(  # type: ignore[call-overload]
             engine
@@ -191,13 +202,52 @@ class Launcher:
         """New actors for ``incarnation`` (the ones they replace are killed), then ``call``
         on each."""
         actors = [
-            self._engine.options(**self.actor_options).remote(
+            self._engine.options(**self.actor_options, **self._naming(group, incarnation)).remote(
                 self._model_config, group, incarnation
             )
             for _ in range(self.actors_per_group)
         ]
+        self.boots += len(actors)
         kill(self.table.replace(group, incarnation, actors))
         return self.call_all(group, incarnation, call)
+
+    def _naming(self, group: str, incarnation: int) -> dict[str, Any]:
+        if self.run is None:
+            return {}
+        name = f"{group}#{incarnation}.{uuid.uuid4().hex[:8]}"
+        return {"name": name, "namespace": namespace(self.run), "lifetime": "detached"}
+
+    def survivors(self, timeout_s: float) -> tuple[dict[tuple[str, int], list[Any]], list[Any]]:
+        """The run's engines still alive, by the (group, incarnation) each says it runs as;
+        and those that did not answer within ``timeout_s``. Only actors of this run's
+        namespace are looked at."""
+        if self.run is None:
+            return {}, []
+        ns = namespace(self.run)
+        handles: list[Any] = []
+        for entry in ray.util.list_named_actors(all_namespaces=True):
+            if entry.get("namespace") == ns:
+                try:
+                    handles.append(ray.get_actor(entry["name"], namespace=ns))
+                except ValueError:
+                    continue  # gone since it was listed
+        refs: list[Any] = [h.whoami.remote() for h in handles]
+        done: list[Any] = []
+        if refs:
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        found: dict[tuple[str, int], list[Any]] = {}
+        silent: list[Any] = []
+        for h, ref in zip(handles, refs, strict=True):
+            try:
+                if ref not in done:
+                    raise TimeoutError
+                answer: tuple[str, int] = ray.get(ref, timeout=0)
+                group, incarnation = answer
+            except Exception:
+                silent.append(h)
+                continue
+            found.setdefault((group, incarnation), []).append(h)
+        return found, silent
 
     def call_all(self, group: str, incarnation: int, call: Callable[[Any], Any]) -> Outcome:
         answers = self.ask(group, incarnation, call)

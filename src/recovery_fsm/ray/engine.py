@@ -99,6 +99,12 @@ class ReferenceEngine:
     def ping(self) -> int | None:
         return self.held.version
 
+    @ray.method(concurrency_group="health")
+    def whoami(self) -> tuple[str, int]:
+        """The group and incarnation this process runs as, answered beside a load (a
+        resumed runtime finds its engines by asking)."""
+        return self.group, self.incarnation
+
     @ray.method(concurrency_group="watch")
     def watch(self) -> None:
         self._forever.wait()

@@ -167,7 +167,9 @@ class EffectRunner:
                 self._counters.load_in_place(g)
                 self._table.renumber(g, previous, inc)  # the same actors, a new number
                 self._queue(f"group:{g}", effect)
-            case fx.RestartFromCheckpoint(group=g) | fx.RestartCold(group=g):
+            case fx.RestartFromCheckpoint(group=g) | fx.RestartCold(group=g) | fx.VerifyGroup(
+                group=g
+            ):
                 self._queue(f"group:{g}", effect)
             case fx.StopStandby(standby=s):
                 kill(self._table.take(s, 1))
@@ -247,6 +249,18 @@ class EffectRunner:
                     kill(self._table.take(g, inc))
                     self._reporter.report(ev.RestartLoadFailed, group=g, incarnation=inc,
                                           error=error)  # fmt: skip
+            case fx.VerifyGroup(group=g, incarnation=inc):
+                try:
+                    held, error = self._verify(g, inc)
+                except Exception as err:
+                    log.exception("verifying %r raised", effect)
+                    held, error = None, f"{type(err).__name__}: {err}"[:500]
+                if error is None:
+                    self._reporter.report(ev.GroupVerified, group=g, incarnation=inc, version=held)
+                else:
+                    kill(self._table.take(g, inc))
+                    self._reporter.report(ev.GroupFailed, group=g, incarnation=inc,
+                                          reason=f"not verified: {error}")  # fmt: skip
             case fx.StartStandby(standby=s) | fx.LoadStandby(standby=s):
                 try:
                     error = self._standby(effect)
@@ -358,6 +372,28 @@ class EffectRunner:
             return f"the standby holds version {', '.join(held)}, not {version}"
         gate = digest if self._launcher.computes_digest else None
         return admission.push_refusal(canary, gate, answers)
+
+    def _verify(self, g: str, inc: int) -> tuple[int | None, str | None]:
+        """What a process that outlived the trainer holds, checked against that version's
+        record (the push's or its checkpoint's manifest): (version, None), or (None, why it
+        cannot be trusted). Asked behind any load it still runs. Weights no record vouches
+        for count as none: the controller then loads C(v) into it or waits for a push."""
+        outcome = self._launcher.call_all(g, inc, lambda a: a.weights.remote())
+        if isinstance(outcome, BootFailed):
+            return None, outcome.reason
+        if len(outcome.held) != self._launcher.actors_per_group:
+            return None, f"{len(outcome.held)} of {self._launcher.actors_per_group} actors survived"
+        versions = {h.version for h in outcome.held}
+        if len(versions) != 1:
+            return None, f"its actors hold different versions {sorted(map(str, versions))}"
+        version = versions.pop()
+        record = None if version is None else self._expected(version)
+        if version is None or record is None:
+            return None, None
+        digest, canary = record
+        return version, admission.refusal(
+            self._launcher, g, inc, outcome, digest=digest, canary=canary
+        )
 
     def _start_cold(self, g: str, inc: int) -> str | None:
         outcome = self._launcher.boot(g, inc, lambda a: a.boot_empty.remote())

@@ -44,8 +44,9 @@ from ..export import AsyncHFExporter, CheckpointStore, ExportHandle, model_diges
 from ..export.canary import Canary
 from ..export.canary import of_model as canary_of
 from ..host import ControllerLink, ControllerQueries, EffectError, Link
-from ..journal import JsonlJournal
+from ..journal import JsonlJournal, read_journal, trim_torn_tail
 from ..journal.ledger import PATHS, Ledger
+from ..search.replay import rebuild
 from . import admission
 from .actors import ActorTable, BootFailed, Launcher, kill
 from .engine import Generation, ReferenceEngine
@@ -67,6 +68,7 @@ __all__ = [
     "NoServingGroup",
     "NotServing",
     "RecoveryRuntime",
+    "Resumption",
     "SharedRootError",
     "Statistics",
     "VersionNotAbove",
@@ -84,6 +86,21 @@ class VersionNotAbove(RecoveryError, ValueError):
 
 class BadRuntimeInput(RecoveryError, TypeError):
     """An argument of the runtime is not what it expects; nothing was started."""
+
+
+@attrs.frozen
+class Resumption:
+    """What ``RecoveryRuntime.resume`` found and did."""
+
+    version: int  # the trainer's version it resumed at
+    torn: int  # bytes of an unfinished last journal line, cut (0: none)
+    replayed: int  # journal records the controller was rebuilt from
+    adopted: tuple[str, ...]  # groups whose surviving process serves again without a reboot
+    reloaded: tuple[str, ...]  # ... that load C(v) (or wait for a push): they held another version
+    restarted: tuple[str, ...]  # groups whose process was gone or failed its check
+    killed: int  # surviving engines not of any group's current process (standbys, orphans)
+    removed_dirs: tuple[str, ...]  # temporaries and untracked checkpoints newer than v
+    settled: bool  # every group answered and the future's checkpoints were gone in time
 
 
 @attrs.frozen
@@ -157,6 +174,8 @@ class RecoveryRuntime:
         rules: type[Rules] = Rules,
         standby: int | None = None,
         standby_push: bool = True,
+        run: str | None = None,
+        _rebuilt: tuple[RecoveryController, int] | None = None,
     ) -> None:
         self.groups = list(groups)
         self.model_config = _config_dict(model_config)
@@ -180,7 +199,14 @@ class RecoveryRuntime:
         self.controller: ControllerQueries
         self.link: Link
         self.runner: EffectRunner  # set below: the link's executor needs it
-        if controller_actor is None:
+        if _rebuilt is not None:  # resume: the rebuilt controller goes on writing its journal
+            local, after_step = _rebuilt
+            self.config = local.config
+            local.continue_journal(self._record, after_step)
+            self.controller = local
+            self.link = ControllerLink(local, execute=self._execute)
+            journal_path = None if journal is None else str(journal)
+        elif controller_actor is None:
             local = RecoveryController(
                 self.config, initial_version=initial_version, journal=self._record, rules=rules
             )
@@ -201,7 +227,7 @@ class RecoveryRuntime:
         self.launcher = Launcher(
             self.actors_table, engine, self.model_config, actors_per_group=actors_per_group,
             actor_options={"num_cpus": 0.1, **(actor_options or {})},
-            call_timeout_s=call_timeout_s,
+            call_timeout_s=call_timeout_s, run=run,
         )  # fmt: skip
         self.router = TrafficRouter(self.actors_table, call_timeout_s=call_timeout_s, user=router)
         self.exporter = AsyncHFExporter(
@@ -227,6 +253,105 @@ class RecoveryRuntime:
         self._lifetime = threading.Lock()
 
     # -- the trainer's side ------------------------------------------------------------------
+
+    @classmethod
+    def resume(
+        cls,
+        root: str | Path,
+        *,
+        run: str,
+        version: int,
+        journal: str | Path,
+        discover_timeout_s: float = 30.0,
+        settle_timeout_s: float = 300.0,
+        **options: Any,
+    ) -> tuple[RecoveryRuntime, Resumption]:
+        """Take over a named ``run`` after the trainer's restart at ``version`` (its own
+        checkpoint's). The controller is rebuilt from ``journal`` (an unfinished last line is
+        cut and reported), the run's engines that survived are found in its namespace, and
+        ``Resumed`` decides: a process holding ``version`` serves again without a reboot, one
+        holding another loads C(v) in place (or waits for the next push), a missing one
+        restarts; standbys and orphans are killed, the future's checkpoints deleted. Returns
+        once every group answered and came to rest (serving, or waiting for a push), traffic
+        reaches those serving and those checkpoints are gone (or ``settle_timeout_s``
+        passed). ``options``: the constructor's (groups, model_config, engine, ...)."""
+        path = Path(journal)
+        if not path.is_file():
+            raise BadRuntimeInput(f"resume needs the run's journal; {path} is not a file")
+        torn = trim_torn_tail(path)
+        if torn:
+            log.warning("journal %s ended in an unfinished line (%d bytes): cut", path, len(torn))
+        steps = [r["step"] for r in read_journal(path) if type(r.get("step")) is int]
+        controller = rebuild(path)
+        rt = cls(root, run=run, journal=path, _rebuilt=(controller, max(steps, default=0)),
+                 **options)  # fmt: skip
+        with rt._lifetime:
+            rt._started = True
+        for record in read_journal(path):  # the run's failures and recoveries so far
+            rt.ledger.add(record)
+        try:
+            return rt, rt._take_over(version, len(torn), len(steps), discover_timeout_s,
+                                     settle_timeout_s)  # fmt: skip
+        except BaseException:
+            rt.close(drain_timeout_s=5.0)
+            raise
+
+    def _take_over(
+        self, version: int, torn: int, replayed: int, discover_s: float, settle_s: float
+    ) -> Resumption:
+        check_shared_root(self.store.root, self.launcher.actor_options)
+        groups = self.controller.groups()
+        found, silent = self.launcher.survivors(discover_s)
+        kept: dict[tuple[str, int], list[Any]] = {}
+        doomed = list(silent)
+        for (g, inc), actors in found.items():
+            view = groups.get(g)
+            alive = view is not None and view.incarnation == inc and view.state not in {
+                "retired", "stopped", "failed", "awaiting_checkpoint"
+            }  # fmt: skip
+            (kept.setdefault((g, inc), []) if alive else doomed).extend(actors)
+        kill(doomed)  # before Resumed: what is not a group's current process must be gone
+        for (g, inc), actors in kept.items():
+            kill(self.actors_table.replace(g, inc, actors))
+        scan = self.store.scan()  # removes orphaned temporaries
+        tracked = set(self.controller.checkpoints())
+        removed = [str(p) for p in scan.removed_temp]
+        for v, p in scan.committed.items():
+            if v > version and v not in tracked:
+                self.store.delete(p)  # written, never reported, of a future not followed
+                removed.append(str(p))
+        self.reporter.report(ev.Resumed, version=version)
+        self.monitor.start()
+
+        moving = {"resuming", "failed", "awaiting_checkpoint", "loading", "claiming", "relaunching"}
+
+        def settled() -> bool:
+            views = self.controller.groups().values()
+            routes = self.router.routes
+            return (
+                all(v.state not in moving for v in views)
+                and all(routes.get(v.name) is not None for v in views if v.serving)
+                and all(c <= version for c in self.controller.checkpoints())
+            )
+
+        ok = self.reporter.wait(settled, settle_s)
+        after = self.controller.groups()
+        adopted: list[str] = []
+        reloaded: list[str] = []
+        restarted: list[str] = []
+        survived = {_actor_id(a): g for (g, _), actors in kept.items() for a in actors}
+        for g, view in sorted(after.items()):
+            if view.state in {"retired", "stopped"}:
+                continue
+            now = [_actor_id(a) for a in self.actors_table.of(g, view.incarnation)]
+            if not now or any(survived.get(a) != g for a in now):
+                restarted.append(g)  # a new process (or one still starting)
+            elif (g, view.incarnation) in kept:
+                adopted.append(g)  # the same process, the same number: it held v
+            else:
+                reloaded.append(g)  # the same process, renumbered by a load in place
+        return Resumption(version, torn, replayed, tuple(adopted), tuple(reloaded),
+                          tuple(restarted), len(doomed), tuple(removed), ok)  # fmt: skip
 
     def start(self, model: Any) -> None:
         """Boot every group with ``model``'s weights (``initial_version``), then watch."""
@@ -501,6 +626,10 @@ class RecoveryRuntime:
         self.ledger.add(record)
         if self._journal is not None:
             self._journal(record)
+
+
+def _actor_id(actor: Any) -> str:
+    return str(actor._actor_id.hex())
 
 
 def _config_dict(model_config: Any) -> dict[str, Any]:

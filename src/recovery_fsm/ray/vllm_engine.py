@@ -104,6 +104,12 @@ class VLLMEngine:
         """The version the engine itself says it holds (``set_weight_version``)."""
         return self._held_version()
 
+    @ray.method(concurrency_group="health")
+    def whoami(self) -> tuple[str, int]:
+        """The group and incarnation this process runs as, answered beside a load (a
+        resumed runtime finds its engines by asking)."""
+        return self.group, self.incarnation
+
     @ray.method(concurrency_group="watch")
     def watch(self) -> None:
         self._forever.wait()

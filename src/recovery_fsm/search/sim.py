@@ -41,6 +41,7 @@ _DUPLICABLE = (
     ev.Relaunched,
     ev.RelaunchFailed,
     ev.CheckpointDeleted,
+    ev.GroupVerified,
     ev.StandbyBooted,
     ev.StandbyLoaded,
     ev.StandbyFailed,
@@ -78,6 +79,9 @@ class Scope:
     # With ``config.standby``: standbys that booted, loaded or died count as scheduler moves;
     # a sync pushes to every up standby (``sync_without`` may leave one out).
     standby_deaths: bool = True
+    # The trainer may crash and resume this many times, at the fleet's version or the one
+    # before (what the runtime held in flight dies; every process must answer first).
+    resumes: int = 0
     config: RecoveryConfig = attrs.field(factory=small_config)
 
 
@@ -124,6 +128,7 @@ class Sim:
         self.world = World(self.scope.config)
         self.now = 0.0
         self.failures = 0
+        self.resumes = 0
         self.trace: list[str] = []
         self.delivered: list[ev.Event] = []
         for name in self.scope.groups:
@@ -183,6 +188,7 @@ class Sim:
         child.world = copy.deepcopy(self.world)
         child.now = self.now
         child.failures = self.failures
+        child.resumes = self.resumes
         child.trace = list(self.trace)
         child.delivered = list(self.delivered)
         return child
@@ -192,7 +198,11 @@ class Sim:
     def actions(self) -> list[Action]:
         w, s = self.world, self.scope
         out: list[Action] = []
-        if not w.closed:
+        # A resumed runtime returns to the trainer once the future's checkpoints are gone.
+        cleaning = bool(w.abandoned)
+        if not w.closed and self.resumes < s.resumes:
+            out += [Action(TRAINER, "resume", v) for v in sorted({w.fleet, max(w.fleet - 1, 0)})]
+        if not w.closed and not cleaning:
             if w.fleet < s.max_version:
                 out.append(Action(TRAINER, "sync"))
                 if s.partial_syncs:
@@ -208,6 +218,7 @@ class Sim:
                 out.append(Action(TRAINER, "export"))
                 if s.pins:
                     out.append(Action(TRAINER, "export_pinned"))
+        if not w.closed:
             if s.pins:
                 out += [Action(TRAINER, "pin", v) for v in self._pinnable()]
             if s.shutdown:
@@ -239,10 +250,16 @@ class Sim:
         for g, i in sorted(w.loads):
             if g in w.spares:
                 out += [Action(SCHEDULER, k, g) for k in ("standby_loaded", "standby_load_fails")]
-            else:
+            elif not w.loads[(g, i)].resumed:
                 out += [Action(SCHEDULER, k, f"{g}#{i}") for k in ("loaded", "load_fails")]
+        for g, p in sorted(w.procs.items()):
+            if p.verifying:
+                answers = w.answer(g) != "gone"
+                out += [Action(SCHEDULER, "verified", g)] if answers else []
+                out.append(Action(SCHEDULER, "verify_fails", g))
         for g, i in sorted(w.relaunches):
-            out += [Action(SCHEDULER, k, f"{g}#{i}") for k in ("relaunched", "relaunch_fails")]
+            if not w.procs[g].verifying:
+                out += [Action(SCHEDULER, k, f"{g}#{i}") for k in ("relaunched", "relaunch_fails")]
         for g, i in sorted({k for k in w.loads if k[0] not in w.spares} | w.relaunches):
             p = w.procs[g]
             if p.incarnation != i or p.status not in {"loading", "relaunching"}:
@@ -268,6 +285,7 @@ class Sim:
         spare_limits = {"booting": c.deadline("relaunch"), "loading": c.deadline("load")}
         return sorted(
             {p.since + limits[p.status] - self.now for p in w.procs.values() if p.status in limits}
+            | {p.since + c.deadline("load") - self.now for p in w.procs.values() if p.verifying}
             | {
                 s.since + spare_limits[s.status] - self.now
                 for s in w.spares.values()
@@ -285,7 +303,8 @@ class Sim:
         return sorted({edge, max(edge - 1.0, 0.0)})
 
     def _up(self) -> list[str]:
-        return [g for g, p in self.world.procs.items() if p.status == "up"]
+        """Groups a push reaches: up, and answered since any resume."""
+        return [g for g, p in self.world.procs.items() if p.status == "up" and not p.verifying]
 
     def _up_spares(self) -> list[str]:
         return sorted(n for n, s in self.world.spares.items() if s.status == "up")
@@ -311,6 +330,8 @@ class Sim:
             return ev.Tick(at=now + t)
         if k == "shutdown":
             return ev.Shutdown(at=now)
+        if k == "resume" and isinstance(t, int):
+            return ev.Resumed(t, at=now)
         if isinstance(t, int):
             if k == "pin":
                 return ev.CheckpointPinned(t, at=now)
@@ -343,6 +364,12 @@ class Sim:
                 return ev.GroupFailed(g, i, reason="killed", at=now)
         if isinstance(t, str):
             i = w.procs[t].incarnation
+            if k == "verified":
+                held = w.answer(t)
+                assert held != "gone"
+                return ev.GroupVerified(t, i, held if isinstance(held, int) else None, at=now)
+            if k == "verify_fails":
+                return ev.GroupFailed(t, i, reason="no answer since the resume", at=now)
             if k == "fail":
                 return ev.GroupFailed(t, i, reason="injected", at=now)
             if k == "probe_failed":
@@ -362,6 +389,8 @@ class Sim:
         event = self.event_for(action)
         if action.kind in {"fail", "standby_dies"}:
             self.failures += 1
+        if action.kind == "resume":
+            self.resumes += 1
         return self._send(event)
 
     def _found(self, problems: list[str]) -> list[str]:
@@ -389,6 +418,8 @@ class Sim:
             )
         if isinstance(event, _DUPLICABLE):
             self.delivered.append(event)
+        if isinstance(event, ev.Resumed):  # who reported them died: none comes again
+            self.delivered = [d for d in self.delivered if not isinstance(d, ev.GroupVerified)]
         journal = self._journaled(event, before)
         problems = self.world.observe(event, effects)
         problems += self.world.check(self.controller)
@@ -400,10 +431,13 @@ class Sim:
         move forward, an export of another version, a group registered twice): it must be
         refused and change nothing."""
         w, now = self.world, self.now
+        first = self.scope.groups[0]
         wrong: list[ev.Event] = [
             ev.WeightsSynced(w.fleet, {}, at=now),
             ev.ExportStarted(w.fleet + 1, at=now),
             ev.GroupRegistered(self.scope.groups[0], w.fleet, at=now),
+            ev.Resumed(w.fleet + 1, at=now),
+            ev.GroupVerified(first, w.procs[first].incarnation + 1, w.fleet, at=now),
         ]
         if w.closed:
             wrong += [
@@ -490,6 +524,9 @@ class Sim:
             return Action(SCHEDULER, "deleted", min(w.deleting.values()))
         for n in sorted(w.boots):
             return Action(SCHEDULER, "standby_booted", n)
+        for g, p in sorted(w.procs.items()):  # before loads: a resumed load ends by its answer
+            if p.verifying:
+                return Action(SCHEDULER, "verified" if w.answer(g) != "gone" else "verify_fails", g)
         for g, i in sorted(w.loads):
             if g in w.spares:
                 return Action(SCHEDULER, "standby_loaded", g)
@@ -534,17 +571,19 @@ class Sim:
                     p.holds,
                     p.probe_failures,
                     self._ages(p.restarted),
+                    p.verifying,
                     self.now - p.since if p.status in {"down", "loading", "relaunching"} else None,
                 ]
                 for n, p in sorted(w.procs.items())
             },
-            "loads": sorted((f"{g}#{i}", x.path) for (g, i), x in w.loads.items()),
+            "loads": sorted((f"{g}#{i}", x.path, x.resumed) for (g, i), x in w.loads.items()),
             "relaunches": sorted(f"{g}#{i}" for g, i in w.relaunches),
             "routed": sorted(w.routed.items()),
             "recovery": {n: [r.state, r.streak] for n, r in sorted(w.recovery.items())},
             "exports": {v: [x.pinned, x.cancel_requested] for v, x in sorted(w.exports.items())},
             "current": [w.fleet in w.started, w.fleet in w.committed],
             "pinned": sorted(w.pinned),
+            "abandoned": sorted(w.abandoned),
             "disk": sorted(w.disk.items()),
             "deleting": sorted(w.deleting.items()),
             "spares": {
@@ -555,6 +594,7 @@ class Sim:
             "boots": sorted(w.boots),
             "failed_boots": [w.failed_boots, w.exhausted],
             "failures": self.failures,
+            "resumes": self.resumes,
             "sink": [self.sink_armed, self.sink_lost],
         }
         return json.dumps([snap, world], sort_keys=True, default=str)

@@ -40,12 +40,20 @@ WIDE_STANDBY = attrs.evolve(WIDE, config=small_config(standby=1, standby_boot_bu
 # The same world with a restart budget that refills: restarts older than 25 s stop counting
 # (longer than each deadline, so a budget both empties and refills within an example).
 WIDE_WINDOW = attrs.evolve(WIDE, config=small_config(restart_window_s=25.0))
+# The standby world where the trainer may crash and resume twice.
+WIDE_RESUME = attrs.evolve(WIDE_STANDBY, resumes=2)
 
 
 def small_standby(size: int = 1) -> Scope:
     """The explorer's world for standbys: one group beside a pool of ``size`` (two boot
     failures exhaust it)."""
     return Scope(groups=("g0",), config=small_config(standby=size, standby_boot_budget=2))
+
+
+def small_resume() -> Scope:
+    """The explorer's world for a trainer's restart: one group beside a standby, a resume
+    at most."""
+    return attrs.evolve(small_standby(), resumes=1)
 
 
 def small_window(window_s: float = 25.0) -> Scope:
@@ -64,7 +72,7 @@ EXPORT = frozenset({"export"})
 SYNC = frozenset({"sync"})
 FAILURES = frozenset({"fail"})
 COMPLETIONS = frozenset(
-    {"commit", "loaded", "relaunched", "deleted", "standby_booted", "standby_loaded"}
+    {"commit", "loaded", "relaunched", "deleted", "standby_booted", "standby_loaded", "verified"}
 )
 MISHAPS = frozenset(
     {
@@ -76,8 +84,10 @@ MISHAPS = frozenset(
         "standby_boot_fails",
         "standby_load_fails",
         "standby_dies",
+        "verify_fails",
     }
 )
+RESUME = frozenset({"resume"})
 # "sync" here is a sync before the current version was exported at all.
 RARE = frozenset(
     {
@@ -218,6 +228,13 @@ def race_search(
             current = f"{group}#{self.sim.world.procs[group].incarnation}"
             for kind in ("loaded", "relaunched"):
                 self._step_if_enabled(Action(SCHEDULER, kind, current))
+
+        @precondition(lambda self: bool(_enabled(self.sim, RESUME)))
+        @rule(data=st.data())
+        def trainer_resumes(self, data: st.DataObject) -> None:
+            """The trainer crashed and resumed from its checkpoint (of the fleet's version or
+            the one before), with whatever the runtime had in flight."""
+            self._take(data, RESUME)
 
         @precondition(lambda self: bool(_enabled(self.sim, FAILURES)))
         @rule(data=st.data())

@@ -20,6 +20,7 @@ from .. import effects as fx
 from .. import events as ev
 from ..config import RecoveryConfig
 from ..controller import RecoveryController
+from ..errors import RecoveryError
 from ..machines import SERVING
 from ..rules import FINISHED_KEPT
 
@@ -29,6 +30,9 @@ class Load:
     path: str | None  # None: a standby claimed as it is (its admission check only)
     version: int
     claim: bool = False  # a group's claim of a standby, until its outcome
+    # Run by a runtime that died (the trainer resumed since): its outcome is reported by
+    # the verification, never by itself.
+    resumed: bool = False
 
 
 @attrs.define
@@ -55,6 +59,9 @@ class Proc:
     # When the failure that spent each restart (or claim) took the process down.
     restarted: list[float] = attrs.Factory(list)
     via: str | None = None  # how the last restart went: "standby", "immediate" or "cold"
+    # Since the trainer resumed, it has not said what it holds (a load or relaunch of it
+    # that was in flight goes on; the answer comes after it).
+    verifying: bool = False
 
 
 @attrs.define
@@ -100,6 +107,9 @@ class World:
     boots: set[str] = attrs.Factory(set)  # standby boots still running
     failed_boots: int = 0  # standbys lost in a row before they ever held the fleet's weights
     exhausted: bool = False  # the pool reached its boot budget: it never refills again
+    # Versions on disk newer than a resume's: that future is deleted, pinned or not, and
+    # forgotten (its version is exported anew).
+    abandoned: set[int] = attrs.Factory(set)
 
     # -- what happened -------------------------------------------------------------------
 
@@ -146,6 +156,10 @@ class World:
                 self.exports[e.version].pinned = True
         elif isinstance(e, ev.CheckpointDeleted):
             self._deleted(e.version, out)
+        elif isinstance(e, ev.Resumed):
+            self._resumed(e)
+        elif isinstance(e, ev.GroupVerified):
+            self._verified(e, out)
         elif isinstance(e, ev.Shutdown):
             self.closed = True
             for p in self.procs.values():
@@ -175,10 +189,68 @@ class World:
         self.relaunches.discard((group, incarnation))
         p = self.procs[group]
         reading = load is not None and load.path is not None
-        if p.incarnation == incarnation and p.status == "loading" and reading:
+        current = p.incarnation == incarnation
+        if current and p.status == "loading" and reading and not p.verifying:
             self.recovery[group].cool()  # it died booting from the checkpoint
-        if p.incarnation == incarnation and p.status not in {"retired", "stopped"}:
+        if current and p.status not in {"retired", "stopped"}:
             p.status, p.holds, p.probe_failures, p.since = "down", None, 0, self.now
+            p.verifying = False
+
+    def _resumed(self, e: ev.Resumed) -> None:
+        """The trainer restarted at ``e.version``; the runtime that ran everything in flight
+        died, and the new one killed every process that is not a group's current one."""
+        v = self.fleet = e.version
+        for x in self.exports:  # their writers died: only temporary files are left
+            self.gone[x] = frozenset({"failed", "discarded"})
+        self.exports.clear()
+        self.started = {x for x in self.started if x <= v}
+        self.committed = {x for x in self.committed if x <= v}
+        self.pinned = {x for x in self.pinned if x <= v}
+        self.abandoned |= {x for x in self.disk.values() if x > v}
+        self.gone = {x: s for x, s in self.gone.items() if x <= v}
+        self.deleting.clear()  # asked of the dead runtime: the controller must ask again
+        for name, s in self.spares.items():
+            if s.status in {"booting", "up", "loading"}:
+                s.status, s.holds = "stopped", None
+            self.loads.pop((name, 1), None)
+        self.boots.clear()
+        for (g, i), load in list(self.loads.items()):
+            p = self.procs.get(g)
+            if p is None:
+                continue
+            if p.incarnation == i and p.status == "loading":
+                load.resumed = True
+            else:
+                del self.loads[(g, i)]  # killed before the event
+        self.relaunches = {
+            (g, i) for g, i in self.relaunches
+            if self.procs[g].incarnation == i and self.procs[g].status == "relaunching"
+        }  # fmt: skip
+        for p in self.procs.values():
+            if p.status in {"up", "loading", "relaunching"}:
+                p.verifying, p.since = True, e.at
+
+    def answer(self, group: str) -> int | str | None:
+        """What a verifying process would answer: the weights it holds once what it was
+        doing finished, or ``"gone"`` if that load cannot finish (its files were deleted)."""
+        p = self.procs[group]
+        if p.status == "loading":
+            load = self.loads.get((group, p.incarnation))
+            if load is None or load.path is None:
+                return load.version if load is not None else "gone"
+            return self.disk.get(load.path, "gone")
+        return p.holds if p.status == "up" else None
+
+    def _verified(self, e: ev.GroupVerified, out: list[str]) -> None:
+        p = self.procs[e.group]
+        if p.incarnation != e.incarnation or not p.verifying:
+            return  # a late answer of a process killed at its deadline: it ends its start
+        if p.status == "loading":
+            load = self.loads.pop((e.group, e.incarnation), None)
+            if load is not None and load.path is not None and load.path not in self.disk:
+                out.append(f"group {e.group} finished loading {load.path}, which is not on disk")
+        self.relaunches.discard((e.group, e.incarnation))
+        p.status, p.holds, p.since, p.verifying = "up", e.version, e.at, False
 
     def _sync(self, e: ev.WeightsSynced) -> None:
         old = self.fleet
@@ -249,7 +321,10 @@ class World:
                 out.append(f"{path} was deleted while {reader} was still loading it")
             self.deleting.pop(path)
             self.disk.pop(path, None)
-            self.gone[version] = frozenset({"deleted"})
+            if version in self.abandoned:
+                self.abandoned.discard(version)
+            else:
+                self.gone[version] = frozenset({"deleted"})
 
     def _load_done(self, e: ev.RestartLoaded | ev.RestartLoadFailed, out: list[str]) -> None:
         load = self.loads.pop((e.group, e.incarnation), None)
@@ -316,6 +391,10 @@ class World:
             self._load_standby(f, out)
         elif isinstance(f, fx.StopStandby):
             self._stop_standby(f, out)
+        elif isinstance(f, fx.VerifyGroup):
+            p = self.procs[f.group]
+            if not p.verifying or p.incarnation != f.incarnation:
+                out.append(f"verification of {f.group}#{f.incarnation}, which is {p.status}")
         elif isinstance(f, fx.ClaimStandby):
             self._claim(f, out)
 
@@ -358,6 +437,10 @@ class World:
 
     def _stop_standby(self, f: fx.StopStandby, out: list[str]) -> None:
         s = self.spares[f.standby]
+        if f.reason == "resume":
+            if s.status != "stopped":
+                out.append(f"standby {f.standby} stopped for a resume while {s.status}")
+            return
         if f.reason == "shutdown":
             if not self.closed:
                 out.append(f"standby {f.standby} stopped before shutdown")
@@ -407,7 +490,10 @@ class World:
         return sorted(
             g
             for (g, i), load in self.loads.items()
-            if load.claim and self.procs[g].incarnation == i and self.procs[g].status == "loading"
+            if load.claim
+            and not load.resumed  # checked by its verification now, as any resumed process
+            and self.procs[g].incarnation == i
+            and self.procs[g].status == "loading"
         )
 
     def _holds_current(self, name: str) -> bool:
@@ -501,6 +587,8 @@ class World:
 
     def _route(self, f: fx.RouteTraffic, out: list[str]) -> None:
         p = self.procs[f.group]
+        if p.verifying:
+            out.append(f"traffic routed to {f.group}#{f.incarnation} before it answered")
         if p.incarnation != f.incarnation or p.status != "up" or p.holds != f.version:
             out.append(
                 f"traffic routed to {f.group}#{f.incarnation} on version {f.version}, but "
@@ -520,7 +608,7 @@ class World:
         if f.reason == "shutdown":
             if not self.closed:
                 out.append(f"group {f.group} stopped before shutdown")
-            p.status = "stopped"
+            p.status, p.verifying = "stopped", False
             return
         if f.reason == "failed probes":
             if p.status != "up" or self.must_stop != (f.group, f.incarnation):
@@ -530,12 +618,13 @@ class World:
             return
         # A start past its deadline: killed; it counts as a failed restart. Its loader keeps
         # its lease until it reports, so the world keeps it reading until then.
-        if p.status not in {"loading", "relaunching"}:
+        if p.status not in {"loading", "relaunching"} and not p.verifying:
             out.append(f"{f.group}#{f.incarnation} killed for a {f.reason} while {p.status}")
         load = self.loads.get((f.group, f.incarnation))
-        if p.status == "loading" and load is not None and load.path is not None:
-            self.recovery[f.group].cool()  # a claim that only awaited its check read nothing
-        p.status, p.holds, p.since = "down", None, self.now
+        reading = p.status == "loading" and load is not None and load.path is not None
+        if reading and not p.verifying:  # a claim that only awaited its check read nothing
+            self.recovery[f.group].cool()
+        p.status, p.holds, p.since, p.verifying = "down", None, self.now, False
 
     def _delete_asked(self, f: fx.DeleteCheckpoint, out: list[str]) -> None:
         if self.disk.get(f.path) != f.version:
@@ -563,7 +652,7 @@ class World:
             "relaunching": c.deadline("relaunch"),
         }
         for name, p in self.procs.items():
-            limit = limits.get(p.status)
+            limit = c.deadline("load") if p.verifying else limits.get(p.status)
             if limit is not None and self.now - p.since >= limit:
                 what = "waits for a checkpoint" if p.status == "down" else f"is {p.status}"
                 out.append(f"group {name} {what} {self.now - p.since:g} s, past its {limit:g} s")
@@ -661,7 +750,7 @@ class World:
                     f"expected {self.recovery[name].streak}"
                 )
             stale = p.status == "up" and p.holds != self.fleet and not self.closed
-            if stale and expected == "enabled" and self._current_ready():
+            if stale and expected == "enabled" and self._current_ready() and not p.verifying:
                 out.append(
                     f"group {name} holds version {p.holds} though C({self.fleet}) is "
                     "committed: it should load it in place"
@@ -674,10 +763,16 @@ class World:
         out += self._check_standbys(c)
         # The controller keeps the final states of its latest FINISHED_KEPT checkpoints only.
         for v, allowed in sorted(self.gone.items())[-FINISHED_KEPT:]:
-            if c.checkpoint_state(v) not in allowed:
-                out.append(f"checkpoint {v} is {c.checkpoint_state(v)}, expected {sorted(allowed)}")
+            try:
+                state = c.checkpoint_state(v)
+            except RecoveryError as err:
+                state = f"unknown ({err})"
+            if state not in allowed:
+                out.append(f"checkpoint {v} is {state}, expected {sorted(allowed)}")
         for name, incarnation in self.routed.items():
             p = self.procs[name]
+            if p.verifying:
+                out.append(f"traffic goes to {name}#{incarnation}, unverified since the resume")
             if p.incarnation != incarnation or p.status != "up" or p.holds != self.fleet:
                 out.append(
                     f"traffic goes to {name}#{incarnation}, whose process #{p.incarnation} is "

@@ -1,0 +1,135 @@
+"""A trainer in its own process, for tests/test_resume_ray.py: it runs a named run on the
+test's Ray cluster and kills itself (SIGKILL) at a chosen point, or resumes such a run and
+reports what it found as one JSON line. Weights are a function of the version (seeded), so
+the trainer that resumes at v holds exactly what the dead one exported at v."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import ray
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from recovery_fsm import RecoveryConfig
+from recovery_fsm.ray import RecoveryRuntime
+from recovery_fsm.search.replay import replay
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conftest import TINY_LLAMA
+
+PINNED = 2  # the version the trainer "checkpoints": its recovery checkpoint is pinned
+
+
+def model(version: int) -> Any:
+    torch.manual_seed(1000 + version)
+    return AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA)).eval()
+
+
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(
+        groups=["g0", "g1"],
+        model_config=LlamaConfig(**TINY_LLAMA).to_dict(),
+        config=RecoveryConfig(restart_budget=5),
+        tick_s=0.1,
+        probe_interval_s=0.5,
+        probe_timeout_s=2.0,
+        grace_s=1.0,
+        call_timeout_s=60.0,
+    )
+
+
+def die() -> None:
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def sync(rt: RecoveryRuntime, version: int, *, pinned: bool = False) -> Any:
+    m = model(version)
+    got = rt.push(m, version)
+    return rt.synced(version, got, m, pinned=pinned)
+
+
+def until(what: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the runtime did not get there in time")
+        time.sleep(0.02)
+
+
+def crash(args: argparse.Namespace) -> None:
+    rt = RecoveryRuntime(args.root, run=args.run, journal=args.journal, **options(args))
+    rt.start(model(0))
+    for v in range(1, PINNED + 1):
+        sync(rt, v, pinned=v == PINNED).result(timeout=60)
+    until(lambda: all(g.serving for g in rt.controller.groups().values()))
+    print(json.dumps({"boots": rt.launcher.boots}), flush=True)
+    if args.at == "sync":  # the weights of 3 reached the engines; nobody reported it
+        rt.push(model(PINNED + 1), PINNED + 1)
+        die()
+    if args.at == "export":  # reported, its export still running
+        sync(rt, PINNED + 1)
+        die()
+    if args.at == "recovery":  # g1 died; its restart from C(2) is in flight
+        rt.kill("g1")
+        until(lambda: rt.controller.group("g1").starting)
+        die()
+    raise SystemExit(f"unknown point {args.at}")
+
+
+def resume(args: argparse.Namespace) -> None:
+    rt, found = RecoveryRuntime.resume(
+        args.root, run=args.run, version=PINNED, journal=args.journal, **options(args)
+    )
+    boots_at_resume = rt.launcher.boots
+    served_before_sync = {g: rt.generate(g, [1, 2, 3], 2).version for g in ("g0", "g1")}
+    sync(rt, PINNED + 1).result(timeout=60)
+    until(lambda: all(g.serving for g in rt.controller.groups().values()))
+    served = {g: rt.generate(g, [1, 2, 3], 2).version for g in ("g0", "g1")}
+    stats = rt.statistics()
+    dirs = sorted(os.listdir(args.root))
+    drained = rt.close()
+    left = [a for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == f"recovery-fsm.{args.run}"]  # fmt: skip
+    report = replay(args.journal)
+    print(json.dumps({
+        "resumption": attrs.asdict(found),
+        "boots_at_resume": boots_at_resume,
+        "boots": rt.launcher.boots,
+        "served_before_sync": served_before_sync,
+        "served": served,
+        "dirs": dirs,
+        "dirs_after_close": sorted(os.listdir(args.root)),
+        "loads_from_deleted": stats.loads_from_deleted,
+        "refused_reports": stats.refused_reports,
+        "drained": drained,
+        "left": len(left),
+        "replay_ok": report.ok,
+        "replay": report.render(),
+    }), flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["crash", "resume"])
+    p.add_argument("--address", required=True)
+    p.add_argument("--root", required=True)
+    p.add_argument("--journal", required=True)
+    p.add_argument("--run", required=True)
+    p.add_argument("--at", default="")
+    args = p.parse_args()
+    ray.init(address=args.address, log_to_driver=False, logging_level="ERROR")
+    (crash if args.mode == "crash" else resume)(args)
+
+
+if __name__ == "__main__":
+    main()

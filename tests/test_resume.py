@@ -1,0 +1,125 @@
+"""The trainer's crash and resume through the controller: what the old runtime had in flight
+ends, the future's checkpoints go, C(v) is the source again, and no process serves before it
+answers (``Resumed``, ``GroupVerified``)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import Driver
+
+from recovery_fsm import (
+    DeleteCheckpoint,
+    EventNotAllowed,
+    LoadCheckpoint,
+    RecoveryConfig,
+    RestartFromCheckpoint,
+    RouteTraffic,
+    StartStandby,
+    StopStandby,
+    UnknownVersion,
+    VerifyGroup,
+    WithdrawTraffic,
+    WrongIncarnation,
+)
+from recovery_fsm import events as ev
+from recovery_fsm.effects import Effect
+
+
+def of(effects: tuple[Effect, ...], cls: type[Effect]) -> list[Effect]:
+    return [f for f in effects if isinstance(f, cls)]
+
+
+def ran_to(version: int, **config: object) -> Driver:
+    """g0, g1 serving ``version``, every step exported and its predecessor deleted; C(1)
+    pinned (the trainer's own checkpoint at 1)."""
+    d = Driver(RecoveryConfig(**config), groups=["g0", "g1"])  # type: ignore[arg-type]
+    for v in range(1, version + 1):
+        d.step(v)
+        if v == 1:
+            d.send(ev.CheckpointPinned, 1)
+    return d
+
+
+def test_resume_withdraws_everyone_and_asks_each_process_what_it_holds() -> None:
+    d = ran_to(3)
+    effects = d.send(ev.Resumed, 1)
+    assert d.c.version == 1
+    assert {f.group for f in of(effects, WithdrawTraffic)} == {"g0", "g1"}  # type: ignore[attr-defined]
+    assert of(effects, VerifyGroup) == [VerifyGroup("g0", 1), VerifyGroup("g1", 1)]
+    assert {g.state for g in d.c.groups().values()} == {"resuming"}
+    assert not d.c.up_groups()  # no push reaches an unverified process
+    # The future (C(3)) is deleted; the pinned C(1) is the recovery source again.
+    assert of(effects, DeleteCheckpoint) == [DeleteCheckpoint(3, "/ckpt/step-3")]
+    assert d.c.checkpoint_state(1) == "ready"
+
+
+def test_a_survivor_holding_v_serves_without_a_reboot_and_one_ahead_loads_c_v() -> None:
+    d = ran_to(3)
+    d.send(ev.Resumed, 1)
+    assert of(d.send(ev.GroupVerified, "g0", 1, 1), RouteTraffic) == [RouteTraffic("g0", 1, 1)]
+    effects = d.send(ev.GroupVerified, "g1", 1, 3)  # it holds the abandoned future's weights
+    assert of(effects, LoadCheckpoint) == [LoadCheckpoint("g1", 2, 1, "/ckpt/step-1", 1)]
+    assert d.c.groups()["g0"].restarts == d.c.groups()["g1"].restarts == 0
+
+
+def test_a_load_in_flight_keeps_its_lease_until_the_process_answers() -> None:
+    d = ran_to(3)
+    d.about(ev.GroupFailed, "g1")  # restarts from C(3)
+    assert d.c.lease_of("g1") is not None
+    effects = d.send(ev.Resumed, 2)
+    assert of(effects, DeleteCheckpoint) == []  # C(3) is leased by g1's load
+    assert d.c.checkpoint_state(3) == "superseded"
+    effects = d.send(ev.GroupVerified, "g1", 2, 3)
+    assert of(effects, DeleteCheckpoint) == [DeleteCheckpoint(3, "/ckpt/step-3")]
+
+
+def test_a_process_that_does_not_answer_has_failed_and_recovers_from_c_v() -> None:
+    d = ran_to(2)
+    d.send(ev.Resumed, 1)
+    effects = d.send(ev.GroupFailed, "g0", 1, reason="no actor under its name")
+    assert of(effects, RestartFromCheckpoint) == [RestartFromCheckpoint("g0", 2, 1, "/ckpt/step-1")]
+    assert d.c.recovery_state("g0") == "enabled"  # a resume's failure does not cool
+
+
+def test_a_verification_past_the_load_deadline_is_killed() -> None:
+    d = ran_to(1, load_timeout_s=5.0)
+    d.send(ev.Resumed, 1)
+    d.c.handle(ev.Tick(at=1000.0))
+    assert d.c.group_state("g0") == "loading"  # killed, restarted from C(1)
+
+
+def test_the_pool_restarts_after_a_resume() -> None:
+    d = ran_to(1, standby=1)
+    d.send(ev.StandbyBooted, "standby-1")
+    effects = d.send(ev.Resumed, 1)
+    assert of(effects, StopStandby) == [StopStandby("standby-1", "resume")]
+    assert of(effects, StartStandby) == [StartStandby("standby-2")]
+
+
+def test_versions_after_the_resume_are_exported_anew_once_the_old_files_are_gone() -> None:
+    d = ran_to(3)
+    d.send(ev.Resumed, 1)
+    for g in ("g0", "g1"):
+        d.send(ev.GroupVerified, g, 1, 1)
+    d.step(2)  # C(2) was deleted before the resume: its version is free again
+    d.sync(3)
+    with pytest.raises(EventNotAllowed, match="still being deleted"):
+        d.send(ev.ExportStarted, 3)  # the abandoned future's C(3) is not deleted yet
+    d.send(ev.CheckpointDeleted, 3)
+    d.export(3)
+    assert d.c.checkpoint_state(3) == "ready"
+
+
+def test_bad_resumes_are_refused_and_change_nothing() -> None:
+    d = ran_to(2)
+    before = d.c.snapshot()
+    with pytest.raises(UnknownVersion, match="only reached 2"):
+        d.send(ev.Resumed, 3)
+    with pytest.raises(EventNotAllowed, match="expects it resuming"):
+        d.send(ev.GroupVerified, "g0", 1, 2)
+    with pytest.raises(WrongIncarnation):
+        d.send(ev.GroupVerified, "g0", 5, 2)
+    assert d.c.snapshot() == before
+    d.send(ev.Shutdown)
+    with pytest.raises(EventNotAllowed, match="after Shutdown"):
+        d.send(ev.Resumed, 1)

@@ -1,0 +1,71 @@
+"""The trainer's own crash, for real: a trainer process on this Ray cluster runs a named run
+(detached engines), SIGKILLs itself in the middle of a sync, of an export or of a recovery;
+a new trainer process resumes at its checkpoint's version. Counted: engine boots (none where
+a surviving engine holds the weights or can load them), directories left behind (none but
+the pinned checkpoint and the new one), stale admissions (none: every answer comes from
+the fleet's version), and the whole run's journal replays clean."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("torch")
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+TRAINER = Path(__file__).parent / "procs" / "resume_trainer.py"
+
+
+def trainer(mode: str, tmp_path: Path, at: str = "") -> tuple[int, list[dict[str, Any]]]:
+    address = ray.get_runtime_context().gcs_address
+    cmd = [
+        sys.executable, str(TRAINER), mode, "--address", address,
+        "--root", str(tmp_path / "ckpt"), "--journal", str(tmp_path / "journal.jsonl"),
+        "--run", f"resume-{tmp_path.name}", "--at", at,
+    ]  # fmt: skip
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, check=False)
+    lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+    if mode == "resume" and done.returncode != 0:
+        raise AssertionError(f"the resumed trainer failed:\n{done.stderr[-4000:]}")
+    return done.returncode, lines
+
+
+@pytest.mark.parametrize("at", ["sync", "export", "recovery"])
+def test_a_trainer_killed_mid_way_resumes_on_the_engines_that_survived(
+    tmp_path: Path, at: str
+) -> None:
+    code, before = trainer("crash", tmp_path, at)
+    assert code == -9, f"the trainer was to die by SIGKILL at {at}"
+    assert before and before[0]["boots"] == 2  # one engine per group, both alive
+
+    _, (after,) = trainer("resume", tmp_path)
+    found = after["resumption"]
+    assert found["settled"] and found["version"] == 2
+    if at == "recovery":
+        # g0 held C(2)'s weights: adopted as it was. g1's restart from C(2) may have booted
+        # before the crash (then it is adopted too) or not (then it boots now, once).
+        assert "g0" in found["adopted"]
+        assert after["boots_at_resume"] <= 1
+    else:
+        # Both engines hold version 3, which no record vouches for after the crash: each
+        # loads C(2) in place. Not one engine boots.
+        assert sorted(found["reloaded"]) == ["g0", "g1"]
+        assert after["boots_at_resume"] == 0
+    # No stale admission: before and after the next sync, every answer is the fleet's.
+    assert after["served_before_sync"] == {"g0": 2, "g1": 2}
+    assert after["served"] == {"g0": 3, "g1": 3}
+    # Nothing leaked: the pinned C(2) and the new C(3); no temporaries, no abandoned C(3).
+    assert after["dirs"] == ["step-2", "step-3"]
+    assert after["dirs_after_close"] == ["step-2"]  # shutdown deletes what is not pinned
+    assert after["loads_from_deleted"] == 0
+    assert after["drained"] and after["left"] == 0  # every detached engine is gone
+    assert after["replay_ok"], after["replay"]
