@@ -162,3 +162,42 @@ def test_a_journal_longer_than_the_kept_final_states_replays_clean(tmp_path: Pat
                 c.handle(ev.CheckpointDeleted(done, at=float(v)))
     report = replay(path)
     assert report.ok and report.steps == 1 + 40 * 3 + 39, report.render()
+
+
+def test_a_torn_last_line_is_cut_and_the_rebuilt_controller_goes_on_in_the_same_file(
+    tmp_path: Path,
+) -> None:
+    from recovery_fsm.host import ControllerLink
+    from recovery_fsm.journal import read_journal, trim_torn_tail
+
+    path = tmp_path / "journal.jsonl"
+    _record(path)
+    whole = path.read_bytes()
+    assert trim_torn_tail(path) == b""  # a journal ending on a whole line is left alone
+    with path.open("ab") as f:  # the process died while writing a record
+        f.write(b'{"step":99,"event":{"kind":"Tick","at":1')
+    assert trim_torn_tail(path) == b'{"step":99,"event":{"kind":"Tick","at":1'
+    assert path.read_bytes() == whole
+
+    steps = [r["step"] for r in read_journal(path)]
+    c = rebuild(path)
+    with JsonlJournal(path) as journal:
+        c.continue_journal(journal, steps[-1])
+        last = c.now
+        assert last is not None
+        # A link on a clock far behind the recording (another host) stamps after it.
+        link = ControllerLink(c, clock=lambda: 0.5)
+        link.send(ev.Resumed, version=c.version)
+    records = list(read_journal(path))
+    assert [r["step"] for r in records[1:]] == [*steps[1:], steps[-1] + 1]
+    assert records[-1]["event"]["kind"] == "Resumed" and records[-1]["event"]["at"] >= last
+    assert sum("header" in r for r in records) == 1
+    assert replay(path).ok  # the run and its resume replay as one
+
+
+def test_continue_journal_refuses_a_step_behind_what_it_handled(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    _record(path)
+    c = rebuild(path)
+    with pytest.raises(MalformedEvent, match="after_step must be an int"):
+        c.continue_journal(lambda _r: None, 0)

@@ -68,11 +68,13 @@ def until(what: Any, timeout: float = 60.0) -> None:
 
 def crash(args: argparse.Namespace) -> None:
     rt = RecoveryRuntime(args.root, run=args.run, journal=args.journal, **options(args))
+    t0 = time.perf_counter()
     rt.start(model(0))
+    start_s = time.perf_counter() - t0
     for v in range(1, PINNED + 1):
         sync(rt, v, pinned=v == PINNED).result(timeout=60)
     until(lambda: all(g.serving for g in rt.controller.groups().values()))
-    print(json.dumps({"boots": rt.launcher.boots}), flush=True)
+    print(json.dumps({"boots": rt.launcher.boots, "start_s": start_s}), flush=True)
     if args.at == "sync":  # the weights of 3 reached the engines; nobody reported it
         rt.push(model(PINNED + 1), PINNED + 1)
         die()
@@ -87,9 +89,11 @@ def crash(args: argparse.Namespace) -> None:
 
 
 def resume(args: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
     rt, found = RecoveryRuntime.resume(
         args.root, run=args.run, version=PINNED, journal=args.journal, **options(args)
     )
+    resume_s = time.perf_counter() - t0
     boots_at_resume = rt.launcher.boots
     served_before_sync = {g: rt.generate(g, [1, 2, 3], 2).version for g in ("g0", "g1")}
     sync(rt, PINNED + 1).result(timeout=60)
@@ -104,6 +108,7 @@ def resume(args: argparse.Namespace) -> None:
     print(json.dumps({
         "resumption": attrs.asdict(found),
         "boots_at_resume": boots_at_resume,
+        "resume_s": resume_s,
         "boots": rt.launcher.boots,
         "served_before_sync": served_before_sync,
         "served": served,

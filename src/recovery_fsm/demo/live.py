@@ -18,7 +18,7 @@ from .report import SAFETY, Report, rows
 COLOURS = {
     "active": "green", "suspect": "yellow", "failed": "bold red", "awaiting_checkpoint": "magenta",
     "loading": "cyan", "relaunching": "blue", "pending_weights": "bright_black",
-    "retired": "red", "stopped": "bright_black",
+    "retired": "red", "stopped": "bright_black", "resuming": "bright_magenta",
 }  # fmt: skip
 
 

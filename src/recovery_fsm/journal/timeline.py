@@ -36,6 +36,7 @@ STATE_COLORS = {
     "suspect": "#a6d96a",
     "pending_weights": "#9ecae1",
     "awaiting_checkpoint": "#3182bd",
+    "resuming": "#6baed6",
     "loading": "#fdae6b",
     "relaunching": "#e6550d",
     "failed": "#d62728",
