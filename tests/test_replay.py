@@ -201,3 +201,36 @@ def test_continue_journal_refuses_a_step_behind_what_it_handled(tmp_path: Path) 
     c = rebuild(path)
     with pytest.raises(MalformedEvent, match="after_step must be an int"):
         c.continue_journal(lambda _r: None, 0)
+
+
+def test_a_tick_that_changes_nothing_is_a_compact_record_and_replays(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    _record(path)
+    c = rebuild(path)
+    with JsonlJournal(path) as journal:
+        c.continue_journal(journal, len(path.read_text().splitlines()) - 1)
+        c.handle(ev.Tick(at=(c.now or 0.0) + 0.5))
+    last = path.read_text().splitlines()[-1]
+    assert set(json.loads(last)) == {"step", "event"}
+    assert len(last) < 70, last  # bounded bytes per quiet tick
+    assert replay(path).ok
+
+
+def test_a_resume_after_the_kept_final_states_filled_up_replays_clean(tmp_path: Path) -> None:
+    """A resume forgets the final states above its version, so the controller keeps fewer
+    than 16: the world must not ask for those it evicted before (found by a soak's journal)."""
+    path = tmp_path / "long.jsonl"
+    with JsonlJournal(path) as sink:
+        c = RecoveryController(RecoveryConfig(), journal=sink)
+        c.handle(ev.GroupRegistered("g0", 0, at=0.0))
+        for v in range(1, 26):
+            c.handle(ev.WeightsSynced(v, {"g0": 1}, at=float(v)))
+            c.handle(ev.ExportStarted(v, pinned=v == 20, at=float(v)))
+            c.handle(ev.ExportCommitted(v, f"/ckpt/step-{v}", at=float(v)))
+            for done in [k for k, view in c.checkpoints().items() if view.state == "deletable"]:
+                c.handle(ev.CheckpointDeleted(done, at=float(v)))
+        c.handle(ev.Resumed(20, at=30.0))
+        c.handle(ev.CheckpointDeleted(25, at=31.0))
+        c.handle(ev.GroupVerified("g0", 1, 25, at=32.0))
+    report = replay(path)
+    assert report.ok, report.render()

@@ -462,9 +462,11 @@ class RecoveryController:
         record: dict[str, Any] = {"step": self._steps, "event": encode(event)}
         if error is not None:
             record["error"] = {"type": type(error).__name__, "message": str(error)}
-        else:
+        elif self._rules.transitions or effects:
             record["transitions"] = [list(t) for t in self._rules.transitions]
             record["effects"] = [encode(f) for f in effects]
+        # An event that changed nothing (most ticks) is recorded without either list: a long
+        # run's journal grows by what happened, plus a few dozen bytes per tick.
         return record
 
     def _write_journal(self, record: dict[str, Any]) -> None:

@@ -65,6 +65,8 @@ class Generation:
 
 class RolloutEngine(Protocol):
     def ping(self) -> int | None: ...
+    def whoami(self) -> tuple[str, int]: ...
+    def booted(self) -> bool: ...
     def watch(self) -> None: ...
     def boot_from_checkpoint(self, path: str) -> WeightsHeld: ...
     def load_checkpoint(self, path: str, incarnation: int) -> WeightsHeld: ...
@@ -153,6 +155,11 @@ class ReferenceEngine:
 
     def weights(self) -> WeightsHeld:
         return self.held
+
+    def booted(self) -> bool:
+        """Whether a boot ran (queued behind one in progress): an actor whose boot call
+        died with the trainer that sent it holds no engine at all."""
+        return self.model is not None
 
     def canary(self, prompt: list[int], new_tokens: int) -> Answer:
         with self._lock:

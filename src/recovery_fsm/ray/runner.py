@@ -38,7 +38,7 @@ from ..export import CheckpointStore
 from ..export.canary import Canary
 from ..host import EffectError, FailedEffects
 from . import admission
-from .actors import ActorTable, BootFailed, Launcher, kill
+from .actors import ActorTable, Booted, BootFailed, Launcher, kill
 from .reporter import Reporter
 from .router import TrafficRouter
 from .safety import SafetyCounters
@@ -378,9 +378,12 @@ class EffectRunner:
         record (the push's or its checkpoint's manifest): (version, None), or (None, why it
         cannot be trusted). Asked behind any load it still runs. Weights no record vouches
         for count as none: the controller then loads C(v) into it or waits for a push."""
-        outcome = self._launcher.call_all(g, inc, lambda a: a.weights.remote())
-        if isinstance(outcome, BootFailed):
-            return None, outcome.reason
+        answers = self._launcher.ask(g, inc, lambda a: (a.booted.remote(), a.weights.remote()))
+        if isinstance(answers, BootFailed):
+            return None, answers.reason
+        if not all(answers[0::2]):
+            return None, "never booted: its boot died with the trainer that asked for it"
+        outcome = Booted(tuple(answers[1::2]))
         if len(outcome.held) != self._launcher.actors_per_group:
             return None, f"{len(outcome.held)} of {self._launcher.actors_per_group} actors survived"
         versions = {h.version for h in outcome.held}

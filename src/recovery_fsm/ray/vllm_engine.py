@@ -160,6 +160,10 @@ class VLLMEngine:
     def weights(self) -> WeightsHeld:
         return WeightsHeld(self._held_version(), None)
 
+    def booted(self) -> bool:
+        """Whether a boot ran (queued behind one in progress)."""
+        return self.llm is not None
+
     def assume(self, group: str, incarnation: int) -> WeightsHeld:
         """A standby becomes ``group``'s process ``incarnation``: its generations say so."""
         with self._lock:

@@ -142,7 +142,7 @@ def replay(path: str | os.PathLike[str], rules: type[Rules] | None = None) -> Re
             continue
         if "error" in record:
             divergences.append(f"step {step}: {event.kind} was refused, now accepted")
-        elif record.get("effects") != [encode(f) for f in effects]:
+        elif record.get("effects", []) != [encode(f) for f in effects]:
             divergences.append(f"step {step}: {event.kind} now asks for {list(effects)}")
         problems = world.observe(event, effects) + world.check(c) + c.check_invariants()
         if problems:

@@ -207,7 +207,10 @@ class World:
         self.committed = {x for x in self.committed if x <= v}
         self.pinned = {x for x in self.pinned if x <= v}
         self.abandoned |= {x for x in self.disk.values() if x > v}
-        self.gone = {x: s for x, s in self.gone.items() if x <= v}
+        # The controller keeps the latest FINISHED_KEPT final states and forgets those above
+        # v: below them, what it evicted before stays evicted.
+        latest = sorted(self.gone.items())[-FINISHED_KEPT:]
+        self.gone = {x: s for x, s in latest if x <= v}
         self.deleting.clear()  # asked of the dead runtime: the controller must ask again
         for name, s in self.spares.items():
             if s.status in {"booting", "up", "loading"}:
