@@ -103,3 +103,29 @@ def test_a_node_lost_mid_run_takes_its_groups_which_come_back_on_the_others(
         step(model)
         assert set(rt.sync(model, 2)) >= set(groups)
     assert_replays_clean(tmp_path)
+
+
+def test_a_short_soak_through_a_trainer_crash_and_a_node_loss(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The long soak's short version (``benchmarks/soak_resume.py`` runs 500 steps): a trainer
+    process killed at step 15 with its export in flight, resumed at its checkpoint of 10 by
+    a new one that runs to 30; a worker node removed at 20 and one added at 25; a group killed
+    every 5 steps throughout."""
+    sys.path.insert(0, str(Path(__file__).parent / "procs"))
+    from soak import soak
+
+    out = soak(cluster, tmp_path, steps=30, crash_at=15, node_loss_at=20, node_back_at=25,
+               pin=10, chaos_every=5, sample_every=5, step_s=0.5)  # fmt: skip
+    assert out["crash_code"] == -9 and out.get("resume_code") == 0, out.get("stderr")
+    assert [what for what, _ in out["node"]] == ["removed", "added"]
+    resumed = next(r for r in out["after"] if "resumed" in r)["resumed"]
+    assert resumed["settled"] and resumed["version"] == 10
+    final = next(r for r in out["after"] if r.get("final"))
+    assert set(final["states"].values()) <= {"active", "retired"}, final["states"]
+    assert final["loads_from_deleted"] == final["lost_reports"] == 0
+    assert final["drained"] and final["replay_ok"], final["replay"]
+    # Left on disk after the run: the trainer's checkpoints only (the abandoned 11-15 went).
+    assert final["dirs"] == ["step-10", "step-20", "step-30"]
+    for sample in [r for r in out["before"] + out["after"] if "step" in r]:
+        assert sample["finished"] <= 16 and sample["starts"] <= 7, sample
