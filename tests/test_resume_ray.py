@@ -39,7 +39,7 @@ def trainer(mode: str, tmp_path: Path, at: str = "") -> tuple[int, list[dict[str
     return done.returncode, lines
 
 
-@pytest.mark.parametrize("at", ["sync", "export", "recovery"])
+@pytest.mark.parametrize("at", ["sync", "export", "commit", "recovery"])
 def test_a_trainer_killed_mid_way_resumes_on_the_engines_that_survived(
     tmp_path: Path, at: str
 ) -> None:
@@ -69,3 +69,5 @@ def test_a_trainer_killed_mid_way_resumes_on_the_engines_that_survived(
     assert after["loads_from_deleted"] == 0
     assert after["drained"] and after["left"] == 0  # every detached engine is gone
     assert after["replay_ok"], after["replay"]
+    if at == "commit":  # C(3) was on disk, never reported: reported at the resume, then deleted
+        assert "ExportCommitted" in after["resumed_kinds"]

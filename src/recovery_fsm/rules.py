@@ -200,6 +200,9 @@ class Rules:
         self.config = config
         self.fleet = Fleet(initial_version)
         self.initial_version = initial_version
+        # A sync announced the fleet's version (its export follows, with export_every_sync);
+        # not so for the first version, nor for the one a trainer resumed at.
+        self.announced = False
         self.closed = False
         self.checkpoints: dict[int, CheckpointSlot] = {}
         self.finished: dict[int, str] = {}  # versions whose checkpoint reached a final state
@@ -279,6 +282,7 @@ class Rules:
     def on_WeightsSynced(self, e: ev.WeightsSynced, _: None) -> None:
         outcome = self._export_outcome(self.fleet.version)
         self.fleet.version = e.version
+        self.announced = True
         self._make_checkpoints_stale()
         for sb in list(self.standbys.values()):
             s = sb.record
@@ -403,6 +407,7 @@ class Rules:
 
     def on_Resumed(self, e: ev.Resumed, _: None) -> None:
         v = self.fleet.version = e.version
+        self.announced = False  # nobody exports v again: a failure does not wait for it
         for ck in list(self.checkpoints.values()):
             rec = ck.record
             if rec.state in {CheckpointState.EXPORTING, CheckpointState.ABANDONED}:
@@ -413,7 +418,11 @@ class Rules:
                 rec.pinned, rec.abandoned_future = False, True  # not followed, so not kept
                 if rec.state == CheckpointState.READY:
                     self._fire_ck(ck, CheckpointEvent.SUPERSEDE)
-            elif rec.version == v and rec.state == CheckpointState.SUPERSEDED:
+            elif (
+                rec.version == v
+                and rec.state == CheckpointState.SUPERSEDED
+                and not rec.abandoned_future  # an earlier resume's future is not v's weights
+            ):
                 self._fire_ck(ck, CheckpointEvent.REVIVE)
             if rec.state == CheckpointState.SUPERSEDED:
                 self._reap(ck)
@@ -578,7 +587,9 @@ class Rules:
         if e.incarnation == r.incarnation and r.state == GroupState.RESUMING:
             return g
         start = self.starts.get((e.group, e.incarnation))
-        if start is not None and (e.incarnation != r.incarnation or r.state in GROUP_FINAL):
+        if start is not None and (
+            e.incarnation != r.incarnation or r.state != GroupState.RESUMING
+        ):
             return Orphan(g, e.incarnation)  # killed at its deadline: the answer ends its start
         if e.incarnation != r.incarnation:
             raise WrongIncarnation(
@@ -594,7 +605,10 @@ class Rules:
         if g is None:
             return
         self._end_start(g)  # what it was loading when the trainer died has finished
-        g.record.version = e.version
+        # Weights above the fleet's are of the future a resume abandoned: not the weights a
+        # re-run gives that number, so they count as none.
+        ahead = e.version is not None and e.version > self.fleet.version
+        g.record.version = None if ahead else e.version
         self._fire_group(g, GroupEvent.VERIFIED)  # serves, or holds stale weights
         if g.record.state == GroupState.PENDING_WEIGHTS:
             self._catch_up(g)
@@ -736,7 +750,7 @@ class Rules:
             or (
                 current is None
                 and self.config.export_every_sync
-                and self.fleet.version != self.initial_version  # no sync announced it yet
+                and self.announced  # a sync announced v: its export follows
                 and self.fleet.version not in self.finished
             )
         ):

@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from recovery_fsm import RecoveryConfig
+from recovery_fsm.journal import read_journal
 from recovery_fsm.ray import RecoveryRuntime
 from recovery_fsm.search.replay import replay
 
@@ -81,6 +82,17 @@ def crash(args: argparse.Namespace) -> None:
     if args.at == "export":  # reported, its export still running
         sync(rt, PINNED + 1)
         die()
+    if args.at == "commit":  # C(3) renamed into place; the trainer dies before reporting it
+        send = rt.exporter._send
+
+        def dies_on_commit(cls: Any, **fields: Any) -> None:
+            if cls.__name__ == "ExportCommitted":
+                die()
+            send(cls, **fields)
+
+        rt.exporter._send = dies_on_commit  # type: ignore[method-assign]
+        sync(rt, PINNED + 1)
+        time.sleep(60)  # killed long before
     if args.at == "recovery":  # g1 died; its restart from C(2) is in flight
         rt.kill("g1")
         until(lambda: rt.controller.group("g1").starting)
@@ -95,6 +107,8 @@ def resume(args: argparse.Namespace) -> None:
     )
     resume_s = time.perf_counter() - t0
     boots_at_resume = rt.launcher.boots
+    records = list(read_journal(args.journal))[found.replayed :]
+    resumed_kinds = [r["event"]["kind"] for r in records if "event" in r]
     served_before_sync = {g: rt.generate(g, [1, 2, 3], 2).version for g in ("g0", "g1")}
     sync(rt, PINNED + 1).result(timeout=60)
     until(lambda: all(g.serving for g in rt.controller.groups().values()))
@@ -108,6 +122,7 @@ def resume(args: argparse.Namespace) -> None:
     print(json.dumps({
         "resumption": attrs.asdict(found),
         "boots_at_resume": boots_at_resume,
+        "resumed_kinds": resumed_kinds,
         "resume_s": resume_s,
         "boots": rt.launcher.boots,
         "served_before_sync": served_before_sync,

@@ -214,3 +214,19 @@ def test_a_record_of_the_wrong_shape_is_refused_by_replay_and_rebuild(
     for read in (replay, rebuild):
         with pytest.raises(RecoveryError):
             read(path)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(content=st.binary(max_size=300) | st.lists(st.binary(max_size=40)).map(b"\n".join))
+def test_trimming_a_torn_tail_cuts_only_an_unfinished_last_line(content: bytes) -> None:
+    from recovery_fsm.journal import trim_torn_tail
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "journal.jsonl"
+        path.write_bytes(content)
+        torn = trim_torn_tail(path)
+        kept = path.read_bytes()
+        assert kept + torn == content  # nothing but the tail is cut
+        assert kept == b"" or kept.endswith(b"\n")  # every whole line is kept
+        assert b"\n" not in torn
+        assert trim_torn_tail(path) == b""  # and a second trim finds nothing

@@ -548,6 +548,34 @@ RESUME_VARIANTS = (
         scope="resume",
     ),
 )
+RESUME_VARIANTS += (
+    Variant(
+        "revive-the-abandoned-future",
+        "Makes any superseded checkpoint of the resumed version the recovery source again, "
+        "also one an earlier resume abandoned: restarts read another run's weights.",
+        ((f"{IN * 4}and not rec.abandoned_future", f"{IN * 4}and True"),),
+        scope="resume",
+    ),
+    Variant(
+        "wait-after-resume",
+        "Keeps treating the resumed version as announced by a sync: a failure waits for an "
+        "export of it that nobody will start.",
+        ((f"{IN * 2}self.announced = False  # nobody", f"{IN * 2}pass  # nobody"),),
+        scope="resume",
+    ),
+    Variant(
+        "late-answer-refused",
+        "Takes a verification answer as an orphan's only once its group is final: the answer "
+        "of a process killed at its deadline is refused and its lease never ends.",
+        (
+            (
+                f"{IN * 3}e.incarnation != r.incarnation or r.state != GroupState.RESUMING\n",
+                f"{IN * 3}e.incarnation != r.incarnation or r.state in GROUP_FINAL\n",
+            ),
+        ),
+        scope="resume",
+    ),
+)
 VARIANTS = VARIANTS + RESUME_VARIANTS
 
 BY_NAME = {v.name: v for v in VARIANTS + HOSTING_VARIANTS}

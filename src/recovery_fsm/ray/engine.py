@@ -122,10 +122,11 @@ class ReferenceEngine:
             return self.held
 
     def load_checkpoint(self, path: str, incarnation: int) -> WeightsHeld:
-        """The reference engine loads in place by booting its model again from ``path``."""
-        held = self.boot_from_checkpoint(path)
+        """The reference engine loads in place by booting its model again from ``path``. It
+        runs as ``incarnation`` from the start of the load, so that a resumed runtime asking
+        ``whoami`` meanwhile finds the process the controller knows."""
         self.incarnation = incarnation
-        return held
+        return self.boot_from_checkpoint(path)
 
     def assume(self, group: str, incarnation: int) -> WeightsHeld:
         """A standby becomes ``group``'s process ``incarnation``: its generations say so."""

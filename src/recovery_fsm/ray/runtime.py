@@ -314,10 +314,15 @@ class RecoveryRuntime:
         for (g, inc), actors in kept.items():
             kill(self.actors_table.replace(g, inc, actors))
         scan = self.store.scan()  # removes orphaned temporaries
-        tracked = set(self.controller.checkpoints())
+        tracked = self.controller.checkpoints()
         removed = [str(p) for p in scan.removed_temp]
-        for v, p in scan.committed.items():
-            if v > version and v not in tracked:
+        for v, p in sorted(scan.committed.items()):
+            ck = tracked.get(v)
+            if ck is not None and ck.state in {"exporting", "abandoned"}:
+                # Its export committed; the report died with the trainer: report it now,
+                # and the resume's rules decide (a source again, or deleted).
+                self.reporter.report(ev.ExportCommitted, version=v, path=str(p))
+            elif ck is None and v > version:
                 self.store.delete(p)  # written, never reported, of a future not followed
                 removed.append(str(p))
         self.reporter.report(ev.Resumed, version=version)

@@ -142,12 +142,12 @@ class VLLMEngine:
 
         with self._lock:
             self._require_boot("load_checkpoint")
+            self.incarnation = incarnation  # from the start: a resumed runtime asks meanwhile
             began = time.perf_counter()
             p = os.path.abspath(path)
             CheckpointStore(os.path.dirname(p)).verify(p, full=True)
             self.llm.collective_rpc("recovery_load_files", kwargs={"files": shard_files(p)})
             self.timings["load_s"] = time.perf_counter() - began
-            self.incarnation = incarnation
             return self._set_version(manifest_version(path))
 
     def update_weights(self, version: int, weights: dict[str, torch.Tensor]) -> WeightsHeld:

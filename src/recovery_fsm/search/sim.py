@@ -198,11 +198,9 @@ class Sim:
     def actions(self) -> list[Action]:
         w, s = self.world, self.scope
         out: list[Action] = []
-        # A resumed runtime returns to the trainer once the future's checkpoints are gone.
-        cleaning = bool(w.abandoned)
         if not w.closed and self.resumes < s.resumes:
             out += [Action(TRAINER, "resume", v) for v in sorted({w.fleet, max(w.fleet - 1, 0)})]
-        if not w.closed and not cleaning:
+        if not w.closed:
             if w.fleet < s.max_version:
                 out.append(Action(TRAINER, "sync"))
                 if s.partial_syncs:
@@ -214,7 +212,7 @@ class Sim:
                         for g, p in w.procs.items()
                         if p.incarnation > 1
                     ]
-            if w.fleet not in w.started:
+            if w.fleet not in w.started and w.fleet not in w.abandoned:
                 out.append(Action(TRAINER, "export"))
                 if s.pins:
                     out.append(Action(TRAINER, "export_pinned"))
@@ -252,6 +250,8 @@ class Sim:
                 out += [Action(SCHEDULER, k, g) for k in ("standby_loaded", "standby_load_fails")]
             elif not w.loads[(g, i)].resumed:
                 out += [Action(SCHEDULER, k, f"{g}#{i}") for k in ("loaded", "load_fails")]
+            elif w.procs[g].incarnation != i or not w.procs[g].verifying:
+                out.append(Action(SCHEDULER, "late_verified", f"{g}#{i}"))  # killed since
         for g, p in sorted(w.procs.items()):
             if p.verifying:
                 answers = w.answer(g) != "gone"
@@ -362,6 +362,8 @@ class Sim:
                 return ev.RelaunchFailed(g, i, error="injected", at=now)
             if k == "killed_dies":
                 return ev.GroupFailed(g, i, reason="killed", at=now)
+            if k == "late_verified":
+                return ev.GroupVerified(g, i, w.loads[(g, i)].version, at=now)
         if isinstance(t, str):
             i = w.procs[t].incarnation
             if k == "verified":
@@ -419,7 +421,7 @@ class Sim:
         if isinstance(event, _DUPLICABLE):
             self.delivered.append(event)
         if isinstance(event, ev.Resumed):  # who reported them died: none comes again
-            self.delivered = [d for d in self.delivered if not isinstance(d, ev.GroupVerified)]
+            self.delivered = []
         journal = self._journaled(event, before)
         problems = self.world.observe(event, effects)
         problems += self.world.check(self.controller)
@@ -530,7 +532,8 @@ class Sim:
         for g, i in sorted(w.loads):
             if g in w.spares:
                 return Action(SCHEDULER, "standby_loaded", g)
-            return Action(SCHEDULER, "loaded", f"{g}#{i}")
+            late = w.loads[(g, i)].resumed  # its process was killed since the resume
+            return Action(SCHEDULER, "late_verified" if late else "loaded", f"{g}#{i}")
         for g, i in sorted(w.relaunches):
             return Action(SCHEDULER, "relaunched", f"{g}#{i}")
         if w.exports:

@@ -85,6 +85,7 @@ MISHAPS = frozenset(
         "standby_load_fails",
         "standby_dies",
         "verify_fails",
+        "late_verified",
     }
 )
 RESUME = frozenset({"resume"})
@@ -235,6 +236,43 @@ def race_search(
             """The trainer crashed and resumed from its checkpoint (of the fleet's version or
             the one before), with whatever the runtime had in flight."""
             self._take(data, RESUME)
+
+        @precondition(
+            lambda self: bool(_enabled(self.sim, RESUME) and _enabled(self.sim, FAILURES))
+        )
+        @rule(data=st.data(), then=st.sampled_from(["late", "twice", "tick"]))
+        def crash_during_restart(self, data: st.DataObject, then: str) -> None:
+            """Once the current version committed, a group dies and the trainer crashes while
+            its restart runs (with ``twice`` two die, one beyond a standby). ``late``: it
+            resumes at the fleet's version, syncs and exports the next, and the restarted
+            process answers after its deadline, when it was killed. ``twice``: it resumes at
+            the version before, the re-run syncs that number again and crashes and resumes at
+            it, and a group dies. ``tick``: it resumes at the version before and time runs to
+            the deadline."""
+            self._step_if_enabled(Action(TRAINER, "export"))  # a restart from C(v) is leased
+            self._step_if_enabled(Action(SCHEDULER, "commit", self.sim.world.fleet))
+            if then == "twice":  # one beyond a standby's claim
+                self._take(data, FAILURES)
+            if _enabled(self.sim, FAILURES):
+                self._take(data, FAILURES)
+            by_version = sorted(_enabled(self.sim, RESUME), key=lambda a: int(a.target or 0))
+            if not by_version:
+                return
+            self._check(self.sim.step(by_version[-1 if then == "late" else 0]))
+            if then != "tick":
+                self._step_if_enabled(Action(TRAINER, "sync"))
+                self._step_if_enabled(Action(TRAINER, "export"))
+            if then == "twice":
+                again = sorted(_enabled(self.sim, RESUME), key=lambda a: int(a.target or 0))
+                if again:
+                    self._check(self.sim.step(again[-1]))
+                if _enabled(self.sim, FAILURES):
+                    self._take(data, FAILURES)
+            else:
+                load = self.sim.scope.config.deadline("load")
+                self._check(self.sim.step(Action(TRAINER, "tick", load)))
+                for late in _enabled(self.sim, frozenset({"late_verified"})):
+                    self._step_if_enabled(late)
 
         @precondition(lambda self: bool(_enabled(self.sim, FAILURES)))
         @rule(data=st.data())

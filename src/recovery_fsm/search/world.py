@@ -110,6 +110,9 @@ class World:
     # Versions on disk newer than a resume's: that future is deleted, pinned or not, and
     # forgotten (its version is exported anew).
     abandoned: set[int] = attrs.Factory(set)
+    # A sync announced the fleet's version: its export follows (not so for the first version
+    # nor for the one a trainer resumed at, which nobody exports again).
+    announced: bool = False
 
     # -- what happened -------------------------------------------------------------------
 
@@ -200,6 +203,7 @@ class World:
         """The trainer restarted at ``e.version``; the runtime that ran everything in flight
         died, and the new one killed every process that is not a group's current one."""
         v = self.fleet = e.version
+        self.announced = False
         for x in self.exports:  # their writers died: only temporary files are left
             self.gone[x] = frozenset({"failed", "discarded"})
         self.exports.clear()
@@ -247,13 +251,17 @@ class World:
     def _verified(self, e: ev.GroupVerified, out: list[str]) -> None:
         p = self.procs[e.group]
         if p.incarnation != e.incarnation or not p.verifying:
-            return  # a late answer of a process killed at its deadline: it ends its start
+            self.loads.pop((e.group, e.incarnation), None)  # killed at its deadline since
+            self.relaunches.discard((e.group, e.incarnation))
+            return
         if p.status == "loading":
             load = self.loads.pop((e.group, e.incarnation), None)
             if load is not None and load.path is not None and load.path not in self.disk:
                 out.append(f"group {e.group} finished loading {load.path}, which is not on disk")
         self.relaunches.discard((e.group, e.incarnation))
-        p.status, p.holds, p.since, p.verifying = "up", e.version, e.at, False
+        # Weights numbered above the fleet are the abandoned future's: none, for the rules.
+        ahead = e.version is not None and e.version > self.fleet
+        p.status, p.holds, p.since, p.verifying = "up", None if ahead else e.version, e.at, False
 
     def _sync(self, e: ev.WeightsSynced) -> None:
         old = self.fleet
@@ -267,6 +275,7 @@ class World:
                 if rec.streak >= self.config.clean_syncs_to_reenable:
                     rec.state, rec.streak = "enabled", 0
         self.fleet = e.version
+        self.announced = True
         for name, incarnation in e.groups.items():
             if name in self.spares:
                 s = self.spares[name]
@@ -587,6 +596,8 @@ class World:
             out.append(f"{who} loads {path}, whose delete is under way")
         if version != self.fleet:
             out.append(f"{who} loads version {version}; fleet is {self.fleet}")
+        if self.disk.get(path) in self.abandoned:
+            out.append(f"{who} loads {path}, of the future a resume abandoned")
 
     def _route(self, f: fx.RouteTraffic, out: list[str]) -> None:
         p = self.procs[f.group]
@@ -644,7 +655,12 @@ class World:
         return sorted(f"{g}#{i}" for (g, i), load in self.loads.items() if load.path == path)
 
     def _current_ready(self) -> bool:
-        return any(v == self.fleet for p, v in self.disk.items() if p not in self.deleting)
+        """C(v) is on disk, not being deleted, and not the future a resume abandoned."""
+        return any(
+            v == self.fleet and v not in self.abandoned
+            for p, v in self.disk.items()
+            if p not in self.deleting
+        )
 
     def _deadlines(self, out: list[str]) -> None:
         """After a Tick no wait may be past its deadline."""
@@ -763,6 +779,11 @@ class World:
                     out.append(f"group {name} still waits though C({self.fleet}) is committed")
                 elif self.fleet in self.started and self.fleet not in self.exports:
                     out.append(f"group {name} still waits for C({self.fleet}), whose export ended")
+                elif self.fleet not in self.started and not self.announced:
+                    out.append(
+                        f"group {name} waits for C({self.fleet}), which no sync announced: "
+                        "nobody will export it"
+                    )
         out += self._check_standbys(c)
         # The controller keeps the final states of its latest FINISHED_KEPT checkpoints only.
         for v, allowed in sorted(self.gone.items())[-FINISHED_KEPT:]:
