@@ -147,19 +147,25 @@ def test_rebuild_refuses_a_journal_with_a_gap(tmp_path: Path) -> None:
         rebuild(path)
 
 
+def _steps(c: RecoveryController, last: int, pinned: int | None = None) -> RecoveryController:
+    """g0 registered, then versions 1..last synced, exported (``pinned`` kept) and each
+    superseded checkpoint deleted."""
+    c.handle(ev.GroupRegistered("g0", 0, at=0.0))
+    for v in range(1, last + 1):
+        c.handle(ev.WeightsSynced(v, {"g0": 1}, at=float(v)))
+        c.handle(ev.ExportStarted(v, pinned=v == pinned, at=float(v)))
+        c.handle(ev.ExportCommitted(v, f"/ckpt/step-{v}", at=float(v)))
+        for done in [k for k, view in c.checkpoints().items() if view.state == "deletable"]:
+            c.handle(ev.CheckpointDeleted(done, at=float(v)))
+    return c
+
+
 def test_a_journal_longer_than_the_kept_final_states_replays_clean(tmp_path: Path) -> None:
     """The controller keeps the final states of its latest 16 checkpoints; the replay's world
     model checks no older ones (it used to ask for version 1 at the 18th and crash)."""
     path = tmp_path / "long.jsonl"
     with JsonlJournal(path) as sink:
-        c = RecoveryController(RecoveryConfig(), journal=sink)
-        c.handle(ev.GroupRegistered("g0", 0, at=0.0))
-        for v in range(1, 41):
-            c.handle(ev.WeightsSynced(v, {"g0": 1}, at=float(v)))
-            c.handle(ev.ExportStarted(v, at=float(v)))
-            c.handle(ev.ExportCommitted(v, f"/ckpt/step-{v}", at=float(v)))
-            for done in [k for k, view in c.checkpoints().items() if view.state == "deletable"]:
-                c.handle(ev.CheckpointDeleted(done, at=float(v)))
+        _steps(RecoveryController(RecoveryConfig(), journal=sink), 40)
     report = replay(path)
     assert report.ok and report.steps == 1 + 40 * 3 + 39, report.render()
 
@@ -221,14 +227,7 @@ def test_a_resume_after_the_kept_final_states_filled_up_replays_clean(tmp_path: 
     than 16: the world must not ask for those it evicted before (found by a soak's journal)."""
     path = tmp_path / "long.jsonl"
     with JsonlJournal(path) as sink:
-        c = RecoveryController(RecoveryConfig(), journal=sink)
-        c.handle(ev.GroupRegistered("g0", 0, at=0.0))
-        for v in range(1, 26):
-            c.handle(ev.WeightsSynced(v, {"g0": 1}, at=float(v)))
-            c.handle(ev.ExportStarted(v, pinned=v == 20, at=float(v)))
-            c.handle(ev.ExportCommitted(v, f"/ckpt/step-{v}", at=float(v)))
-            for done in [k for k, view in c.checkpoints().items() if view.state == "deletable"]:
-                c.handle(ev.CheckpointDeleted(done, at=float(v)))
+        c = _steps(RecoveryController(RecoveryConfig(), journal=sink), 25, pinned=20)
         c.handle(ev.Resumed(20, at=30.0))
         c.handle(ev.CheckpointDeleted(25, at=31.0))
         c.handle(ev.GroupVerified("g0", 1, 25, at=32.0))

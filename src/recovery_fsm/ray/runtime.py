@@ -281,13 +281,14 @@ class RecoveryRuntime:
         torn = trim_torn_tail(path)
         if torn:
             log.warning("journal %s ended in an unfinished line (%d bytes): cut", path, len(torn))
-        steps = [r["step"] for r in read_journal(path) if type(r.get("step")) is int]
+        records = list(read_journal(path))
+        steps = [r["step"] for r in records if type(r.get("step")) is int]
         controller = rebuild(path)
         rt = cls(root, run=run, journal=path, _rebuilt=(controller, max(steps, default=0)),
                  **options)  # fmt: skip
         with rt._lifetime:
             rt._started = True
-        for record in read_journal(path):  # the run's failures and recoveries so far
+        for record in records:  # the run's failures and recoveries so far
             rt.ledger.add(record)
         try:
             return rt, rt._take_over(version, len(torn), len(steps), discover_timeout_s,
