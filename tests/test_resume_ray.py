@@ -71,3 +71,49 @@ def test_a_trainer_killed_mid_way_resumes_on_the_engines_that_survived(
     assert after["replay_ok"], after["replay"]
     if at == "commit":  # C(3) was on disk, never reported: reported at the resume, then deleted
         assert "ExportCommitted" in after["resumed_kinds"]
+
+
+def test_a_resume_the_journal_cannot_take_is_refused_before_anything_is_touched(
+    tmp_path: Path,
+) -> None:
+    """A version past the journal's fleet, or a run that was closed, is refused before an
+    engine is killed or a directory scanned: an orphaned temporary and a checkpoint of the
+    future stay on disk, the journal keeps every byte."""
+    from conftest import TINY_LLAMA
+
+    from recovery_fsm import RecoveryConfig, RecoveryController
+    from recovery_fsm import events as ev
+    from recovery_fsm.export import CheckpointStore
+    from recovery_fsm.journal import JsonlJournal
+    from recovery_fsm.ray import BadRuntimeInput, RecoveryRuntime
+
+    store = CheckpointStore(tmp_path / "ckpt")
+    temp, future = store.temp_path(3), store.path_for(3)
+    temp.mkdir()
+    future.mkdir()
+
+    def journal(name: str, *, closed: bool) -> Path:
+        path = tmp_path / name
+        with JsonlJournal(path) as sink:
+            c = RecoveryController(RecoveryConfig(), journal=sink)
+            c.handle(ev.GroupRegistered("g0", 0, at=0.0))
+            for v in (1, 2):
+                c.handle(ev.WeightsSynced(v, {"g0": 1}, at=float(v)))
+            if closed:
+                c.handle(ev.Shutdown(at=3.0))
+        return path
+
+    def refused(path: Path, version: Any, match: str) -> None:
+        before = path.read_bytes()
+        with pytest.raises(BadRuntimeInput, match=match):
+            RecoveryRuntime.resume(
+                store.root, run=f"refused-{tmp_path.name}", version=version, journal=path,
+                groups=["g0"], model_config=TINY_LLAMA,
+            )  # fmt: skip
+        assert temp.is_dir() and future.is_dir()
+        assert path.read_bytes() == before
+
+    running = journal("running.jsonl", closed=False)
+    refused(running, 3, "only reached 2")
+    refused(running, "2", "an int >= 0")
+    refused(journal("closed.jsonl", closed=True), 2, "was closed")

@@ -275,6 +275,8 @@ class RecoveryRuntime:
         once every group answered and came to rest (serving, or waiting for a push), traffic
         reaches those serving and those checkpoints are gone (or ``settle_timeout_s``
         passed). ``options``: the constructor's (groups, model_config, engine, ...)."""
+        if type(version) is not int or version < 0:
+            raise BadRuntimeInput(f"resume version must be an int >= 0, got {version!r}")
         path = Path(journal)
         if not path.is_file():
             raise BadRuntimeInput(f"resume needs the run's journal; {path} is not a file")
@@ -284,6 +286,14 @@ class RecoveryRuntime:
         records = list(read_journal(path))
         steps = [r["step"] for r in records if type(r.get("step")) is int]
         controller = rebuild(path)
+        # Refused here, before an engine is killed or a file deleted: Resumed would be.
+        if controller.closed:
+            raise BadRuntimeInput(f"the run in {path} was closed: there is nothing to resume")
+        if version > controller.version:
+            raise BadRuntimeInput(
+                f"resume at version {version}, but the journal's fleet only reached "
+                f"{controller.version}: a trainer resumes from a checkpoint it synced"
+            )
         rt = cls(root, run=run, journal=path, _rebuilt=(controller, max(steps, default=0)),
                  **options)  # fmt: skip
         with rt._lifetime:
