@@ -188,6 +188,14 @@ CASES: list[Case] = [
     ),
     ("delete unknown", _nothing, lambda _: ev.CheckpointDeleted(9, at=T), UnknownVersion, "9"),
     ("pin unknown", _nothing, lambda _: ev.CheckpointPinned(9, at=T), UnknownVersion, "9"),
+    ("unpin unknown", _nothing, lambda _: ev.CheckpointUnpinned(9, at=T), UnknownVersion, "9"),
+    (
+        "unpin not pinned",
+        _nothing,
+        lambda _: ev.CheckpointUnpinned(1, at=T),
+        EventNotAllowed,
+        "not pinned",
+    ),
     # Was "lease never granted": a report about a start that never happened.
     (
         "loaded for a never-started incarnation",

@@ -13,6 +13,7 @@ from statemachine.exceptions import TransitionNotAllowed
 
 from recovery_fsm import (
     CheckpointView,
+    EventNotAllowed,
     Lease,
     RecoveryConfig,
     RecoveryController,
@@ -141,6 +142,39 @@ def test_pinned_export_is_not_cancelled_and_kept_when_it_lands_late(driver: Driv
     assert driver.c.checkpoint_state(2) == "abandoned"
     assert driver.send(ev.ExportCommitted, 2, C2) == ()
     assert driver.c.checkpoint_state(2) == "superseded"
+
+
+def test_an_unpinned_superseded_checkpoint_is_deleted_once_unleased(driver: Driver) -> None:
+    driver.send(ev.CheckpointPinned, 1)
+    driver.about(ev.GroupFailed, "g1")  # g1 restarts from C(1): a lease
+    driver.sync(2, ["g2"])
+    assert driver.send(ev.CheckpointUnpinned, 1) == ()  # leased: kept until the load ends
+    assert driver.c.checkpoint_state(1) == "superseded"
+    effects = driver.send(ev.RestartLoaded, "g1", 2)
+    assert DeleteCheckpoint(1, C1) in effects
+    assert driver.c.checkpoint_state(1) == "deletable"
+
+
+def test_an_unpinned_ready_checkpoint_stays_the_recovery_source(driver: Driver) -> None:
+    driver.send(ev.CheckpointPinned, 1)
+    assert driver.send(ev.CheckpointUnpinned, 1) == ()
+    assert driver.c.checkpoint_state(1) == "ready"
+    assert DeleteCheckpoint(1, C1) in driver.sync(2)  # superseded as any other
+
+
+def test_unpinning_a_stale_pinned_export_cancels_it(driver: Driver) -> None:
+    driver.sync(2)
+    driver.send(ev.ExportStarted, 2, pinned=True)
+    assert driver.sync(3) == ()  # kept running: pinned
+    assert driver.send(ev.CheckpointUnpinned, 2) == (CancelExport(2),)
+    assert driver.send(ev.ExportCommitted, 2, C2) == (DeleteCheckpoint(2, C2),)
+
+
+def test_unpin_of_a_checkpoint_not_pinned_is_refused(driver: Driver) -> None:
+    before = driver.c.snapshot()
+    with pytest.raises(EventNotAllowed, match="not pinned"):
+        driver.send(ev.CheckpointUnpinned, 1)
+    assert driver.c.snapshot() == before
 
 
 def test_machine_guard_keeps_a_leased_or_pinned_checkpoint_on_reap() -> None:

@@ -110,8 +110,8 @@ def test_a_short_soak_through_a_trainer_crash_and_a_node_loss(
 ) -> None:
     """The long soak's short version (``benchmarks/soak_resume.py`` runs 500 steps): a trainer
     process killed at step 15 with its export in flight, resumed at its checkpoint of 10 by
-    a new one that runs to 30; a worker node removed at 20 and one added at 25; a group killed
-    every 5 steps throughout."""
+    a new one that runs to 30, keeping its last two checkpoints; a worker node removed at 20
+    and one added at 25; a group killed every 5 steps throughout."""
     sys.path.insert(0, str(Path(__file__).parent / "procs"))
     from soak import soak
 
@@ -125,7 +125,8 @@ def test_a_short_soak_through_a_trainer_crash_and_a_node_loss(
     assert set(final["states"].values()) <= {"active", "retired"}, final["states"]
     assert final["loads_from_deleted"] == final["lost_reports"] == 0
     assert final["drained"] and final["replay_ok"], final["replay"]
-    # Left on disk after the run: the trainer's checkpoints only (the abandoned 11-15 went).
-    assert final["dirs"] == ["step-10", "step-20", "step-30"]
+    # Left on disk after the run: the trainer's last two checkpoints only (the abandoned 11-15
+    # went at the resume, step-10 when the trainer unpinned it at 30).
+    assert final["dirs"] == ["step-20", "step-30"]
     for sample in [r for r in out["before"] + out["after"] if "step" in r]:
         assert sample["finished"] <= 16 and sample["starts"] <= 7, sample

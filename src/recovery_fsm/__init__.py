@@ -38,6 +38,7 @@ from .errors import (
 from .events import (
     CheckpointDeleted,
     CheckpointPinned,
+    CheckpointUnpinned,
     Event,
     ExportCancelled,
     ExportCommitted,
@@ -71,6 +72,7 @@ __all__ = [
     "CancelExport",
     "CheckpointDeleted",
     "CheckpointPinned",
+    "CheckpointUnpinned",
     "CheckpointView",
     "ClaimStandby",
     "ControllerBroken",

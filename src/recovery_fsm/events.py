@@ -148,6 +148,15 @@ class CheckpointPinned(Event):
 
 
 @attrs.frozen
+class CheckpointUnpinned(Event):
+    """The user no longer keeps checkpoint ``version`` (its trainer checkpoint was rotated
+    out): once it is no recovery source and no start reads it, it is deleted."""
+
+    version: int = attrs.field(validator=valid.version)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+
+
+@attrs.frozen
 class CheckpointDeleted(Event):
     """The adapter removed checkpoint ``version`` from disk."""
 
@@ -306,6 +315,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ExportFailed,
         ExportCancelled,
         CheckpointPinned,
+        CheckpointUnpinned,
         CheckpointDeleted,
         Resumed,
         Shutdown,

@@ -40,6 +40,8 @@ One line per event (``on_<Event>`` below, in this order):
 * ExportFailed / ExportCancelled(v)  C(v) is gone; groups awaiting it go cold.
 * CheckpointPinned(v)       the user keeps C(v): it is never deleted (refused once a stale
   export was asked to stop).
+* CheckpointUnpinned(v)     the user lets C(v) go: deleted once superseded and unleased; a
+  stale export of it is cancelled. A ready C(v) stays the recovery source.
 * CheckpointDeleted(v)      the files are gone.
 * Resumed(v)                the trainer restarted from its checkpoint of v, and a new runtime
   took over (after killing every process that is not a group's current one). The fleet is
@@ -171,6 +173,8 @@ _FAILABLE = sources(WorkerGroupMachine, GroupEvent.FAIL)
 _PINNABLE = frozenset(
     {CheckpointState.EXPORTING, CheckpointState.READY, CheckpointState.SUPERSEDED}
 )
+# A pinned checkpoint not yet deletable: a stale export is kept running only while pinned.
+_UNPINNABLE = _PINNABLE | {CheckpointState.ABANDONED}
 
 
 @attrs.frozen
@@ -389,6 +393,22 @@ class Rules:
 
     def on_CheckpointPinned(self, e: ev.CheckpointPinned, ck: CheckpointSlot) -> None:
         ck.record.pinned = True
+
+    def check_CheckpointUnpinned(self, e: ev.CheckpointUnpinned) -> CheckpointSlot:
+        ck = self._require_checkpoint(e, e.version, states=_UNPINNABLE)
+        if not ck.record.pinned:
+            raise EventNotAllowed(
+                f"{e.kind} for checkpoint {e.version}, which is not pinned (a resume unpins "
+                f"the checkpoints of the future it abandons)"
+            )
+        return ck
+
+    def on_CheckpointUnpinned(self, e: ev.CheckpointUnpinned, ck: CheckpointSlot) -> None:
+        ck.record.pinned = False
+        if ck.record.state == CheckpointState.ABANDONED:
+            self._emit(fx.CancelExport(ck.record.version))  # stale, and nobody keeps it now
+        elif ck.record.state == CheckpointState.SUPERSEDED:
+            self._reap(ck)
 
     def check_CheckpointDeleted(self, e: ev.CheckpointDeleted) -> CheckpointSlot:
         return self._require_checkpoint(e, e.version, CheckpointEvent.REMOVE)

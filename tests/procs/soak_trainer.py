@@ -1,6 +1,7 @@
 """A long run's trainer in its own process (``tests/procs/soak.py`` drives it): three groups
 and a standby on the driver's Ray cluster, a weight sync and export per step, a group killed
-every few steps, the trainer's checkpoint (a pinned recovery checkpoint) every ``pin`` steps.
+every few steps, the trainer's checkpoint (a pinned recovery checkpoint) every ``pin`` steps,
+of which it keeps the last ``keep`` (an older one is unpinned, and deleted).
 ``start`` runs to ``--crash-at`` and SIGKILLs itself with that step's export in flight;
 ``resume`` takes the run over at the last pinned version and runs to ``--steps``. Each prints
 a JSON line per sample and one at the end."""
@@ -64,9 +65,11 @@ def emit(**fields: Any) -> None:
 
 def sample(rt: RecoveryRuntime, a: argparse.Namespace, v: int) -> None:
     snap = rt.controller.snapshot()
+    kept = rt.bookkeeping()
+    remembered = kept.pop("safety.deleted")  # the last 256 deleted paths, by design
     emit(step=v, rss_mb=round(rss_mb()), checkpoints=len(snap["checkpoints"]),
          finished=len(snap["finished"]), starts=len(snap["starts"]),
-         standbys=len(snap["standbys"]), runtime=sum(rt.bookkeeping().values()),
+         standbys=len(snap["standbys"]), runtime=sum(kept.values()), remembered=remembered,
          journal_bytes=Path(a.journal).stat().st_size, failures=rt.ledger.failures,
          states={g: s.state for g, s in rt.controller.groups().items()})  # fmt: skip
 
@@ -80,6 +83,9 @@ def steps(rt: RecoveryRuntime, a: argparse.Namespace, first: int, last: int) -> 
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)  # its export in flight
         handle.result(timeout=120)
+        old = v - a.keep * a.pin  # the trainer rotates its checkpoints: keep the last few
+        if v % a.pin == 0 and old > 0:
+            rt.unpin(old)
         if v % a.chaos_every == 0:
             serving = [g for g, s in rt.controller.groups().items() if s.serving]
             if serving:
@@ -97,6 +103,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--crash-at", type=int, default=250)
     p.add_argument("--pin", type=int, default=20)
+    p.add_argument("--keep", type=int, default=2)
     p.add_argument("--chaos-every", type=int, default=10)
     p.add_argument("--sample-every", type=int, default=50)
     p.add_argument("--step-s", type=float, default=0.0)

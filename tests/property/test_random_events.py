@@ -29,6 +29,8 @@ def _event(kind: str, draw: st.DrawFn, at: float) -> ev.Event:
         return ev.ExportCancelled(draw(version), at=at)
     if kind == "pin":
         return ev.CheckpointPinned(draw(version), at=at)
+    if kind == "unpin":
+        return ev.CheckpointUnpinned(draw(version), at=at)
     if kind == "deleted":
         return ev.CheckpointDeleted(draw(version), at=at)
     if kind == "register":
@@ -53,7 +55,7 @@ PROCESS_EVENTS: dict[str, type[ev.Event]] = {
 
 
 KINDS = [
-    "sync", "start", "commit", "export_failed", "cancelled", "pin", "deleted", "register",
+    "sync", "start", "commit", "export_failed", "cancelled", "pin", "unpin", "deleted", "register",
     "probe_failed", "probe_ok", "group_failed", "loaded", "load_failed", "relaunched",
     "relaunch_failed", "tick", "shutdown",
 ]  # fmt: skip

@@ -54,8 +54,9 @@ class Variant:
     patches: tuple[tuple[str, str], ...]  # (old snippet, new snippet), applied in order
     target: str = "rules"  # the module patched: "rules" or "controller" (a broken hosting)
     # The world searched (``SEARCHED``, ``EXPLORED``): "wide" (groups only), "standby" (the
-    # same with a standby pool), "window" (with a restart budget that refills) or "resume"
-    # (with a standby pool, and the trainer crashing and resuming).
+    # same with a standby pool), "window" (with a restart budget that refills), "resume"
+    # (with a standby pool, and the trainer crashing and resuming) or "pins" (the explorer's
+    # one group, its checkpoints pinned and unpinned).
     scope: str = "wide"
 
     @property
@@ -247,8 +248,8 @@ VARIANTS: tuple[Variant, ...] = (
         "On a new sync, marks the running export stale but never asks the exporter to stop.",
         (
             (
-                "self._emit(fx.CancelExport(ck.record.version))",
-                "pass  # the exporter is never asked to stop",
+                "self._emit(fx.CancelExport(ck.record.version))\n\n    def _restart_from",
+                "pass  # the exporter is never asked to stop\n\n    def _restart_from",
             ),
         ),
     ),
@@ -578,17 +579,53 @@ RESUME_VARIANTS += (
 )
 VARIANTS = VARIANTS + RESUME_VARIANTS
 
+# Broken unpins (searched with pins, and by the explorer with one group that pins).
+UNPIN_VARIANTS = (
+    Variant(
+        "unpin-keeps-the-files",
+        "Clears the pin and leaves it there: a superseded checkpoint the user let go stays "
+        "on disk until shutdown.",
+        (
+            (
+                f"{IN * 2}elif ck.record.state == CheckpointState.SUPERSEDED:\n"
+                f"{IN * 3}self._reap(ck)\n",
+                "",
+            ),
+        ),
+        scope="pins",
+    ),
+    Variant(
+        "unpin-leaves-the-export-running",
+        "Clears the pin of a stale export and lets it run on: nobody keeps what it writes.",
+        (
+            (
+                f"{IN * 3}self._emit(fx.CancelExport(ck.record.version))  # stale, and",
+                f"{IN * 3}pass  # stale, and",
+            ),
+        ),
+        scope="pins",
+    ),
+)
+VARIANTS = VARIANTS + UNPIN_VARIANTS
+
 BY_NAME = {v.name: v for v in VARIANTS + HOSTING_VARIANTS}
 
 # The worlds each kind of variant is searched in: Hypothesis's and the explorer's. With
 # standbys the explorer runs one group beside a pool of one (two boot failures exhaust it);
 # with a restart window, one group failing up to four times.
-SEARCHED = {"wide": WIDE, "standby": WIDE_STANDBY, "window": WIDE_WINDOW, "resume": WIDE_RESUME}
+SEARCHED = {
+    "wide": WIDE,
+    "standby": WIDE_STANDBY,
+    "window": WIDE_WINDOW,
+    "resume": WIDE_RESUME,
+    "pins": WIDE,
+}
 EXPLORED = {
     "wide": Scope(),
     "standby": small_standby(),
     "window": small_window(),
     "resume": small_resume(),
+    "pins": Scope(groups=("g0",), pins=True),
 }
 
 

@@ -2,8 +2,8 @@
 
 A ``Sim`` owns a real controller (or one with broken rules) and a ``World``. ``actions()``
 lists what may happen next: the trainer syncs (also reporting a push that reached a process
-since replaced), exports, pins, lets time pass by amounts that land on and just before each
-deadline, or shuts down; the health manager reports failures and probes; the scheduler
+since replaced), exports, pins and unpins, lets time pass by amounts that land on and just
+before each deadline, or shuts down; the health manager reports failures and probes; the scheduler
 completes any pending effect, with success or failure, in any order (an effect never chosen
 is one that hangs), including the late outcome of a start killed at its deadline; the journal
 sink may fail. ``step`` turns an action into an event, sends it, feeds the world, and returns
@@ -216,6 +216,8 @@ class Sim:
                 out.append(Action(TRAINER, "export"))
                 if s.pins:
                     out.append(Action(TRAINER, "export_pinned"))
+        if s.pins:
+            out += [Action(TRAINER, "unpin", v) for v in self._unpinnable()]
         if not w.closed:
             if s.pins:
                 out += [Action(TRAINER, "pin", v) for v in self._pinnable()]
@@ -315,6 +317,11 @@ class Sim:
         running = {v for v, x in w.exports.items() if not x.cancel_requested}
         return sorted((running | on_disk) - w.pinned)
 
+    def _unpinnable(self) -> list[int]:
+        """Pinned, and the controller still holds it: on disk, or its export still running."""
+        w = self.world
+        return sorted(w.pinned & ({v for v in w.disk.values()} | set(w.exports)))
+
     def event_for(self, a: Action) -> ev.Event:
         w, now = self.world, self.now
         k, t = a.kind, a.target
@@ -335,6 +342,8 @@ class Sim:
         if isinstance(t, int):
             if k == "pin":
                 return ev.CheckpointPinned(t, at=now)
+            if k == "unpin":
+                return ev.CheckpointUnpinned(t, at=now)
             if k == "commit":
                 return ev.ExportCommitted(t, checkpoint_path(t), at=now)
             if k == "export_fails":

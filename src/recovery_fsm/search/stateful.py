@@ -89,6 +89,7 @@ MISHAPS = frozenset(
     }
 )
 RESUME = frozenset({"resume"})
+UNPIN = frozenset({"unpin"})
 # "sync" here is a sync before the current version was exported at all.
 RARE = frozenset(
     {
@@ -229,6 +230,13 @@ def race_search(
             current = f"{group}#{self.sim.world.procs[group].incarnation}"
             for kind in ("loaded", "relaunched"):
                 self._step_if_enabled(Action(SCHEDULER, kind, current))
+
+        @precondition(lambda self: bool(_enabled(self.sim, UNPIN)))
+        @rule(data=st.data())
+        def trainer_unpins(self, data: st.DataObject) -> None:
+            """The trainer rotated out its own checkpoint of a pinned version: it lets the
+            recovery checkpoint go (superseded, still the source, or still being written)."""
+            self._take(data, UNPIN)
 
         @precondition(lambda self: bool(_enabled(self.sim, RESUME)))
         @rule(data=st.data())

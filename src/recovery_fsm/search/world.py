@@ -157,6 +157,10 @@ class World:
             self.pinned.add(e.version)
             if e.version in self.exports:
                 self.exports[e.version].pinned = True
+        elif isinstance(e, ev.CheckpointUnpinned):
+            self.pinned.discard(e.version)
+            if e.version in self.exports:
+                self.exports[e.version].pinned = False
         elif isinstance(e, ev.CheckpointDeleted):
             self._deleted(e.version, out)
         elif isinstance(e, ev.Resumed):
