@@ -339,6 +339,29 @@ def test_wrong_weights_are_refused_and_the_group_goes_cold(
     assert_replays_clean(tmp_path)
 
 
+def test_a_group_a_sync_brings_back_serves_when_the_sync_returns(tmp_path: Path) -> None:
+    """Routing runs on the link's thread; ``sync`` waits for it, so the trainer's next
+    request finds the group routed however slowly that thread runs."""
+    model = trainer()
+    with runtime(tmp_path) as rt:
+        serving_v1(rt, model)
+        _flip_a_bit(rt)
+        rt.kill("g0")
+        wait_for(lambda: rt.controller.group_state("g0") == "pending_weights",
+                 what="cold restart")  # fmt: skip
+        apply = rt.router.apply
+
+        def slow(effect: Any, *, retry: bool = False) -> None:
+            time.sleep(0.5)
+            apply(effect, retry=retry)
+
+        rt.router.apply = slow  # type: ignore[method-assign]
+        step(model)
+        assert rt.sync(model, 2).get("g0") == rt.controller.incarnation("g0")
+        assert rt.generate("g0", [4]).version == 2
+    assert_replays_clean(tmp_path)
+
+
 class DyingEngine(ReferenceEngine):
     """Group g1's every restart dies while booting."""
 

@@ -39,6 +39,7 @@ import ray
 import torch
 
 from .. import ExporterClosed, RecoveryConfig, RecoveryController, RecoveryError, Rules
+from .. import effects as fx
 from .. import events as ev
 from ..export import AsyncHFExporter, CheckpointStore, ExportHandle, model_digest
 from ..export.canary import Canary
@@ -493,8 +494,13 @@ class RecoveryRuntime:
             raise ExporterClosed(f"synced({version}) after the runtime's exporter was closed")
         # Sent directly: a refusal (an unknown group, a version not above the fleet's) is
         # the trainer's mistake and reaches it, before anything is exported.
-        self.reporter.send(ev.WeightsSynced, version=version, groups=dict(groups))
+        effects = self.reporter.send(ev.WeightsSynced, version=version, groups=dict(groups))
         self.router.advance(version, groups)
+        # A group this sync brought back serves when the call returns: its routing runs on
+        # the link's thread, which never blocks, so this wait is short.
+        routes = any(isinstance(e, fx.RouteTraffic) for e in effects)
+        if routes and not self.link.join(self.call_timeout_s):
+            log.warning("synced(%d): routing not applied in %.0f s", version, self.call_timeout_s)
         if isinstance(model, Mapping):
             if canary is None and not self.launcher.computes_digest:
                 log.warning(
@@ -509,6 +515,18 @@ class RecoveryRuntime:
             version, model, pinned=pinned, tokenizer=tokenizer,
             canary=canary if canary is not None else canary_of(model),
         )  # fmt: skip
+
+    def pin(self, version: int) -> None:
+        """Keep checkpoint ``version`` on disk (its trainer checkpoint is kept too)."""
+        self.failstop.check()
+        self.reporter.send(ev.CheckpointPinned, version=version)
+
+    def unpin(self, version: int) -> None:
+        """Let checkpoint ``version`` go (its trainer checkpoint was rotated out): it is
+        deleted once it is no recovery source and no start reads it. A refusal (unknown, or
+        not pinned) reaches the caller and changes nothing."""
+        self.failstop.check()
+        self.reporter.send(ev.CheckpointUnpinned, version=version)
 
     def _expected(self, version: int) -> tuple[str | None, Canary | None] | None:
         """What an engine holding ``version`` should show at admission: the push's record, or
