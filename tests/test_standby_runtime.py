@@ -60,6 +60,8 @@ def test_a_pushed_standby_replaces_a_killed_group_without_a_boot(tmp_path: Path)
         assert rt.statistics().recoveries == {"standby": 1}
         # The pool refills with a new engine, which loads the ready C(1) in place.
         wait_for(lambda: standby_state(rt, "standby-2") == "ready", what="standby-2 current")
+        # The claimed standby's name leaves no stop floor behind (one per claim, over days).
+        assert (rt.bookkeeping()["actors.stopped"], rt.bookkeeping()["actors.booting"]) == (0, 0)
         step(model)
         assert "standby-2" in rt.sync(model, 2)
     claims = journal_events(tmp_path, "ClaimStandby")
@@ -132,6 +134,9 @@ def test_a_dead_standby_is_replaced_and_shutdown_stops_the_pool(tmp_path: Path) 
         wait_for(lambda: standby_state(rt, "standby-2") == "stale", what="standby-2 booted")
         assert "standby-1" not in rt.controller.standbys()
         [second] = rt.actors_table.of("standby-2", 1)
+        # The dead standby left the table, and its name leaves no stop floor behind.
+        sizes = rt.bookkeeping()
+        assert (sizes["actors.current"], sizes["actors.stopped"]) == (3, 0)
     assert rt.controller.drained
     wait_for(lambda: dead(second), what="standby-2 killed at shutdown")
     [died] = journal_events(tmp_path, "StandbyFailed")

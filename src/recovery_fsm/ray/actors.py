@@ -4,7 +4,9 @@ The table holds one entry per group, never one per incarnation: a group's curren
 (its incarnation number and actor handles, when it started) and the highest incarnation told
 to stop. Incarnations only grow and a group's starts run in order (one lane per group), so
 "told to stop" is a floor, not a set: a boot for an incarnation at or below it comes too
-late and is killed, whoever asked for it.
+late and is killed, whoever asked for it. A standby's name boots once: its floor is kept only
+while that boot is queued or running, and a standby that stops or dies leaves the table, so a
+run of days does not keep one entry per standby it ever booted.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ class ActorTable:
         self._clock = clock
         self._current: dict[str, Process] = {}
         self._stopped: dict[str, int] = {}  # group -> highest incarnation told to stop
+        # Standbys whose one boot is running: only these need a stop floor. A standby's name
+        # boots once, so its floor goes with its boot and the table does not grow by one
+        # name per standby ever claimed.
+        self._booting: set[str] = set()
         self._closed = False  # any boot that comes later is killed
 
     def of(self, group: str, incarnation: int) -> list[Any]:
@@ -108,17 +114,40 @@ class ActorTable:
         which stays stopped even if its actors do not exist yet. Without ``incarnation`` the
         group is gone for good (retired): no later boot of it is kept."""
         with self._lock:
-            p = self._current.get(group)
-            if incarnation is None:
-                self._stopped[group] = _FOREVER
-            else:
-                self._stopped[group] = max(self._stopped.get(group, 0), incarnation)
-                if p is None or p.incarnation != incarnation:
-                    return []
-            if p is None:
+            return self._take(group, incarnation)
+
+    def _take(self, group: str, incarnation: int | None) -> list[Any]:
+        p = self._current.get(group)
+        if incarnation is None:
+            self._stopped[group] = _FOREVER
+        else:
+            self._stopped[group] = max(self._stopped.get(group, 0), incarnation)
+            if p is None or p.incarnation != incarnation:
                 return []
-            del self._current[group]
-            return list(p.actors)
+        if p is None:
+            return []
+        del self._current[group]
+        return list(p.actors)
+
+    def standby_boot_queued(self, standby: str) -> None:
+        """A standby's one boot is queued: until it comes back, a stop needs a floor."""
+        with self._lock:
+            self._booting.add(standby)
+
+    def standby_boot_ends(self, standby: str) -> None:
+        """Its boot came back (kept, or killed as too late): no floor is needed any more."""
+        with self._lock:
+            self._booting.discard(standby)
+            self._stopped.pop(standby, None)
+
+    def take_standby(self, standby: str) -> list[Any]:
+        """``take(standby, 1)``, keeping the stop floor only while the standby's boot is
+        queued or running."""
+        with self._lock:
+            actors = self._take(standby, 1)
+            if standby not in self._booting:
+                del self._stopped[standby]
+            return actors
 
     def close(self) -> list[Any]:
         """No boot is kept from now on; returns every actor still in the table (to kill)."""
@@ -131,7 +160,11 @@ class ActorTable:
     def sizes(self) -> Mapping[str, int]:
         """Entries per structure (for the bounded-bookkeeping test)."""
         with self._lock:
-            return {"current": len(self._current), "stopped": len(self._stopped)}
+            return {
+                "current": len(self._current),
+                "stopped": len(self._stopped),
+                "booting": len(self._booting),
+            }
 
 
 @attrs.frozen

@@ -131,6 +131,8 @@ class HealthMonitor:
                 actor = self._watches[ref]
                 owner = self._table.owner(actor)  # the process it belongs to now
                 if owner is not None and owner[0] in self._controller.standbys():
+                    # Out of the table: a standby's name never comes back to replace it.
+                    kill(self._table.take_standby(owner[0]))
                     self._reporter.report_once(ev.StandbyFailed, standby=owner[0],
                                                reason="actor died")  # fmt: skip
                 elif owner is not None and not owner[0].startswith(STANDBY_PREFIX):
@@ -219,7 +221,7 @@ class HealthMonitor:
                 else None
             )
             if why is not None:
-                kill(self._table.take(s, 1))
+                kill(self._table.take_standby(s))
                 self._standby_misses.pop(s, None)
                 self._reporter.report_once(ev.StandbyFailed, standby=s, reason=why)
 

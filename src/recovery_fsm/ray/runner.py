@@ -172,13 +172,15 @@ class EffectRunner:
             ):
                 self._queue(f"group:{g}", effect)
             case fx.StopStandby(standby=s):
-                kill(self._table.take(s, 1))
+                kill(self._table.take_standby(s))
             case fx.StartStandby(standby=s) | fx.LoadStandby(standby=s):
+                if isinstance(effect, fx.StartStandby):
+                    self._table.standby_boot_queued(s)
                 self._queue(f"standby:{s}", effect)
             case fx.ClaimStandby(group=g, incarnation=inc, standby=s):
                 # The standby's actors are the group's from now on (an own load of theirs
                 # still running finds them gone from the standby and reports it failed).
-                kill(self._table.replace(g, inc, self._table.take(s, 1)))
+                kill(self._table.replace(g, inc, self._table.take_standby(s)))
                 self._queue(f"group:{g}", effect)
             case fx.DeleteCheckpoint(version=v):
                 self._queue(f"checkpoint:{v}", effect)
@@ -272,7 +274,7 @@ class EffectRunner:
                 elif error is None and isinstance(effect, fx.LoadStandby):
                     self._reporter.report(ev.StandbyLoaded, standby=s, version=effect.version)
                 else:
-                    kill(self._table.take(s, 1))
+                    kill(self._table.take_standby(s))
                     self._reporter.report(ev.StandbyFailed, standby=s, reason=str(error))
             case fx.DeleteCheckpoint(version=v, path=path):
                 self._delete(v, path, effect)
@@ -305,7 +307,10 @@ class EffectRunner:
         why it failed, or None."""
         s = effect.standby
         if isinstance(effect, fx.StartStandby):
-            outcome = self._launcher.boot(s, 1, lambda a: a.boot_empty.remote())
+            try:
+                outcome = self._launcher.boot(s, 1, lambda a: a.boot_empty.remote())
+            finally:
+                self._table.standby_boot_ends(s)
             return outcome.reason if isinstance(outcome, BootFailed) else None
         self._counters.load_begins(effect.path)
         try:
