@@ -139,3 +139,28 @@ def test_a_retried_routing_effect_that_a_newer_one_replaced_is_dropped(tmp_path:
     runner.execute(fx.RouteTraffic("g0", 4, 5))
     assert runner.errors == () and router.routes == {"g0": (4, 5)}
     runner.close(1.0)
+
+
+def test_waiting_for_a_route_ends_when_it_or_a_newer_one_is_applied() -> None:
+    """``synced`` waits on this: by value (a remote link's effects are copies), satisfied by
+    a newer routing effect of the group, and bounded."""
+    import threading
+    import time
+
+    from recovery_fsm import effects as fx
+    from recovery_fsm.ray.actors import ActorTable
+    from recovery_fsm.ray.router import TrafficRouter
+
+    router = TrafficRouter(ActorTable(), call_timeout_s=1.0)
+    route = fx.RouteTraffic("g0", 2, 5)
+    assert not router.wait_routed([route], timeout=0.05)  # nothing applied yet
+    later = threading.Timer(0.2, router.apply, [fx.RouteTraffic("g0", 2, 5)])  # a copy
+    later.start()
+    started = time.monotonic()
+    assert router.wait_routed([route, fx.StopGroup("g1", 1, "x")], timeout=10)
+    assert time.monotonic() - started >= 0.15  # it did wait for the apply
+    assert router.routes == {"g0": (2, 5)}
+    router.apply(fx.WithdrawTraffic("g0", 2))  # superseded since: reached too
+    assert router.wait_routed([route], timeout=0.05)
+    # An older incarnation's withdrawal does not count for a newer route.
+    assert not router.wait_routed([fx.RouteTraffic("g0", 3, 6)], timeout=0.05)

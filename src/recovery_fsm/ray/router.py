@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import ray
 
@@ -46,6 +46,7 @@ class TrafficRouter:
         self._timeout = call_timeout_s
         self._user = user
         self._lock = threading.Lock()
+        self._applied = threading.Condition(self._lock)  # notified on every routing effect
         self._routes: dict[str, tuple[int, int] | None] = {}  # group -> (incarnation, version)
         # The latest routing effect each group got: a retried older one is stale.
         self._latest: dict[str, fx.RouteTraffic | fx.WithdrawTraffic] = {}
@@ -68,8 +69,24 @@ class TrafficRouter:
                 self._routes[effect.group] = (effect.incarnation, version)
             else:
                 self._routes[effect.group] = None
+            self._applied.notify_all()
         if self._user is not None:
             self._user(effect)
+
+    def wait_routed(self, effects: Iterable[fx.Effect], timeout: float) -> bool:
+        """Wait until every ``RouteTraffic`` among ``effects`` is recorded here, or a newer
+        routing effect of its group is (routing runs on the link's thread); False on
+        timeout. Compares by value: a remote link's effects are copies."""
+        routes = [e for e in effects if isinstance(e, fx.RouteTraffic)]
+
+        def reached(e: fx.RouteTraffic) -> bool:
+            latest = self._latest.get(e.group)
+            if isinstance(latest, fx.RouteTraffic):
+                return latest == e or latest.incarnation > e.incarnation
+            return latest is not None and latest.incarnation >= e.incarnation
+
+        with self._applied:
+            return self._applied.wait_for(lambda: all(reached(e) for e in routes), timeout)
 
     def advance(self, version: int, groups: Mapping[str, int]) -> None:
         """A sync the controller accepted: each listed process still routed holds

@@ -39,7 +39,6 @@ import ray
 import torch
 
 from .. import ExporterClosed, RecoveryConfig, RecoveryController, RecoveryError, Rules
-from .. import effects as fx
 from .. import events as ev
 from ..export import AsyncHFExporter, CheckpointStore, ExportHandle, model_digest
 from ..export.canary import Canary
@@ -497,9 +496,8 @@ class RecoveryRuntime:
         effects = self.reporter.send(ev.WeightsSynced, version=version, groups=dict(groups))
         self.router.advance(version, groups)
         # A group this sync brought back serves when the call returns: its routing runs on
-        # the link's thread, which never blocks, so this wait is short.
-        routes = any(isinstance(e, fx.RouteTraffic) for e in effects)
-        if routes and not self.link.join(self.call_timeout_s):
+        # the link's thread, behind what was queued before it (a slow user router delays it).
+        if not self.router.wait_routed(effects, self.call_timeout_s):
             log.warning("synced(%d): routing not applied in %.0f s", version, self.call_timeout_s)
         if isinstance(model, Mapping):
             if canary is None and not self.launcher.computes_digest:
