@@ -60,9 +60,7 @@ class ActorTable:
         self._clock = clock
         self._current: dict[str, Process] = {}
         self._stopped: dict[str, int] = {}  # group -> highest incarnation told to stop
-        # Standbys whose one boot is running: only these need a stop floor. A standby's name
-        # boots once, so its floor goes with its boot and the table does not grow by one
-        # name per standby ever claimed.
+        # Standbys whose one boot is queued or running: only these need a stop floor.
         self._booting: set[str] = set()
         self._closed = False  # any boot that comes later is killed
 
