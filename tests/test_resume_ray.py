@@ -73,6 +73,39 @@ def test_a_trainer_killed_mid_way_resumes_on_the_engines_that_survived(
         assert "ExportCommitted" in after["resumed_kinds"]
 
 
+@pytest.mark.parametrize("at", ["export", "recovered"])
+def test_a_trainer_whose_journal_is_lost_resumes_from_the_checkpoint_store(
+    tmp_path: Path, at: str
+) -> None:
+    """The journal went with the trainer (a node's local disk): the resume rebuilds from the
+    store. Not one engine boots: killed mid-export both hold 3, which nothing vouches for,
+    and load C(2) in place; killed after g1's recovery both hold C(2)'s weights and serve
+    again as they are, g1 on its second process, renamed to the new controller's number.
+    The pinned C(2) is the source, the rest is deleted, the new journal replays clean."""
+    code, before = trainer("crash", tmp_path, at)
+    assert code == -9, f"the trainer was to die by SIGKILL at {at}"
+    assert before and before[0]["boots"] == 2
+    (tmp_path / "journal.jsonl").unlink()  # lost
+
+    _, (after,) = trainer("resume", tmp_path)
+    found = after["resumption"]
+    assert found["rebuilt_from"] == "store" and found["replayed"] == 0
+    assert found["settled"] and found["version"] == 2
+    moved = "reloaded" if at == "export" else "adopted"
+    assert sorted(found[moved]) == ["g0", "g1"] and found["restarted"] == []
+    assert after["boots_at_resume"] == 0
+    # Renamed: the new controller numbers each process from 1 (a load in place counts on);
+    # each engine answers with the controller's number (a later resume finds it by that).
+    assert after["whoami"] == {g: [[g, n]] for g, n in after["incarnations"].items()}
+    assert after["served_before_sync"] == {"g0": 2, "g1": 2}
+    assert after["served"] == {"g0": 3, "g1": 3}
+    assert after["dirs"] == ["step-2", "step-3"]  # no temporary, no untracked C(3)
+    assert after["dirs_after_close"] == ["step-2"]  # pinned=[2] kept it
+    assert after["loads_from_deleted"] == 0
+    assert after["drained"] and after["left"] == 0
+    assert after["replay_ok"], after["replay"]
+
+
 def test_a_resume_the_journal_cannot_take_is_refused_before_anything_is_touched(
     tmp_path: Path,
 ) -> None:
@@ -103,17 +136,23 @@ def test_a_resume_the_journal_cannot_take_is_refused_before_anything_is_touched(
                 c.handle(ev.Shutdown(at=3.0))
         return path
 
-    def refused(path: Path, version: Any, match: str) -> None:
-        before = path.read_bytes()
+    def refused(path: Path | None, version: Any, match: str, pinned: Any = ()) -> None:
+        before = path.read_bytes() if path is not None and path.is_file() else None
         with pytest.raises(BadRuntimeInput, match=match):
             RecoveryRuntime.resume(
                 store.root, run=f"refused-{tmp_path.name}", version=version, journal=path,
-                groups=["g0"], model_config=TINY_LLAMA,
+                pinned=pinned, groups=["g0"], model_config=TINY_LLAMA,
             )  # fmt: skip
         assert temp.is_dir() and future.is_dir()
-        assert path.read_bytes() == before
+        assert before is None or path is None or path.read_bytes() == before
 
     running = journal("running.jsonl", closed=False)
     refused(running, 3, "only reached 2")
     refused(running, "2", "an int >= 0")
     refused(journal("closed.jsonl", closed=True), 2, "was closed")
+    # Pins are the journal's when there is one; from the store they must be versions.
+    refused(running, 2, "the journal's pins are the run's", pinned=[2])
+    refused(None, 2, "a collection of versions", pinned=2)
+    refused(None, 2, "a collection of versions", pinned=["2"])
+    refused(None, 2, "a collection of versions", pinned=[-1])
+    refused(tmp_path, 2, "is not a file")  # a directory where the journal should be

@@ -93,6 +93,11 @@ def crash(args: argparse.Namespace) -> None:
         rt.exporter._send = dies_on_commit  # type: ignore[method-assign]
         sync(rt, PINNED + 1)
         time.sleep(60)  # killed long before
+    if args.at == "recovered":  # g1 died and serves again, as incarnation 2; then quiet
+        rt.kill("g1")
+        until(lambda: rt.controller.group("g1").incarnation == 2)
+        until(lambda: rt.controller.group("g1").serving)
+        die()
     if args.at == "recovery":  # g1 died; its restart from C(2) is in flight
         rt.kill("g1")
         until(lambda: rt.controller.group("g1").starting)
@@ -102,9 +107,12 @@ def crash(args: argparse.Namespace) -> None:
 
 def resume(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
+    # With the journal lost, the resume rebuilds from the store and journals afresh there.
+    lost = not os.path.exists(args.journal)
     rt, found = RecoveryRuntime.resume(
-        args.root, run=args.run, version=PINNED, journal=args.journal, **options(args)
-    )
+        args.root, run=args.run, version=PINNED, journal=args.journal,
+        pinned=[PINNED] if lost else [], **options(args),
+    )  # fmt: skip
     resume_s = time.perf_counter() - t0
     boots_at_resume = rt.launcher.boots
     records = list(read_journal(args.journal))[found.replayed :]
@@ -114,6 +122,11 @@ def resume(args: argparse.Namespace) -> None:
     until(lambda: all(g.serving for g in rt.controller.groups().values()))
     served = {g: rt.generate(g, [1, 2, 3], 2).version for g in ("g0", "g1")}
     stats = rt.statistics()
+    views = rt.controller.groups()
+    # Each engine knows itself by the number the controller gives its process now.
+    whoami = {g: [list(ray.get(a.whoami.remote(), timeout=30))
+                  for a in rt.actors_table.of(g, v.incarnation)]
+              for g, v in views.items()}  # fmt: skip
     dirs = sorted(os.listdir(args.root))
     drained = rt.close()
     left = [a for a in ray.util.list_named_actors(all_namespaces=True)
@@ -127,6 +140,8 @@ def resume(args: argparse.Namespace) -> None:
         "boots": rt.launcher.boots,
         "served_before_sync": served_before_sync,
         "served": served,
+        "incarnations": {g: v.incarnation for g, v in views.items()},
+        "whoami": whoami,
         "dirs": dirs,
         "dirs_after_close": sorted(os.listdir(args.root)),
         "loads_from_deleted": stats.loads_from_deleted,

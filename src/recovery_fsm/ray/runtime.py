@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -101,6 +101,7 @@ class Resumption:
     killed: int  # surviving engines not of any group's current process (standbys, orphans)
     removed_dirs: tuple[str, ...]  # temporaries and untracked checkpoints newer than v
     settled: bool  # every group answered and the future's checkpoints were gone in time
+    rebuilt_from: str = "journal"  # or "store": there was no journal to rebuild from
 
 
 @attrs.frozen
@@ -261,7 +262,8 @@ class RecoveryRuntime:
         *,
         run: str,
         version: int,
-        journal: str | Path,
+        journal: str | Path | None,
+        pinned: Collection[int] = (),
         discover_timeout_s: float = 30.0,
         settle_timeout_s: float = 300.0,
         **options: Any,
@@ -274,16 +276,36 @@ class RecoveryRuntime:
         restarts; standbys and orphans are killed, the future's checkpoints deleted. Returns
         once every group answered and came to rest (serving, or waiting for a push), traffic
         reaches those serving and those checkpoints are gone (or ``settle_timeout_s``
-        passed). ``options``: the constructor's (groups, model_config, engine, ...)."""
+        passed). ``options``: the constructor's (groups, model_config, engine, ...).
+
+        Without a journal (``journal`` None, or no records at that path: lost with a node's
+        disk, never flushed) the controller is rebuilt from the checkpoint store instead,
+        and a path given is journaled to afresh. Then nothing of the run's history is known:
+        each group's newest surviving process is taken as its incarnation 1, C(v) as the
+        recovery source, ``pinned`` as the versions the trainer pinned (C(v) stays pinned;
+        older ones stay on disk, the trainer's to delete), and every other committed
+        checkpoint is deleted; restart budgets start full."""
         if type(version) is not int or version < 0:
             raise BadRuntimeInput(f"resume version must be an int >= 0, got {version!r}")
-        path = Path(journal)
-        if not path.is_file():
-            raise BadRuntimeInput(f"resume needs the run's journal; {path} is not a file")
-        torn = trim_torn_tail(path)
+        pins = tuple(pinned) if isinstance(pinned, list | tuple | set | frozenset) else None
+        if pins is None or not all(type(p) is int and p >= 0 for p in pins):
+            raise BadRuntimeInput(f"pinned must be a collection of versions (ints >= 0), "
+                                  f"got {pinned!r}")  # fmt: skip
+        path = None if journal is None else Path(journal)
+        if path is not None and path.exists() and not path.is_file():
+            raise BadRuntimeInput(f"the journal {path} is not a file")
+        if pins and path is not None and path.is_file() and path.stat().st_size:
+            raise BadRuntimeInput(
+                f"pinned={sorted(pins)} with the journal {path}: the journal's pins are the "
+                "run's (pinned is for a resume from the checkpoint store, journal=None)"
+            )
+        torn = trim_torn_tail(path) if path is not None and path.is_file() else b""
         if torn:
             log.warning("journal %s ended in an unfinished line (%d bytes): cut", path, len(torn))
-        records = list(read_journal(path))
+        records = [] if path is None or not path.is_file() else list(read_journal(path))
+        if path is None or not records:
+            return cls._from_store(root, run, version, path, frozenset(pins), len(torn),
+                                   discover_timeout_s, settle_timeout_s, options)  # fmt: skip
         steps = [r["step"] for r in records if type(r.get("step")) is int]
         controller = rebuild(path)
         # Refused here, before an engine is killed or a file deleted: Resumed would be.
@@ -307,14 +329,89 @@ class RecoveryRuntime:
             rt.close(drain_timeout_s=5.0)
             raise
 
+    @classmethod
+    def _from_store(
+        cls,
+        root: str | Path,
+        run: str,
+        version: int,
+        journal: Path | None,
+        pins: frozenset[int],
+        torn: int,
+        discover_s: float,
+        settle_s: float,
+        options: dict[str, Any],
+    ) -> tuple[RecoveryRuntime, Resumption]:
+        """``resume`` without a journal: the controller starts at ``version`` and is told
+        the little the store and the survivors can vouch for before ``Resumed`` decides."""
+        if options.get("controller_actor") is not None:
+            raise BadRuntimeInput("resume runs the controller in this process: no controller_actor")
+        log.warning("no journal to resume from%s: rebuilding from the checkpoint store %s",
+                    "" if journal is None else f" at {journal}", root)  # fmt: skip
+        rt = cls(root, run=run, journal=journal, initial_version=version, **options)
+        with rt._lifetime:
+            rt._started = True
+        try:
+            return rt, rt._take_over(version, torn, 0, discover_s, settle_s, store_pins=pins)
+        except BaseException:
+            rt.close(drain_timeout_s=5.0)
+            raise
+
+    def _reconstruct(
+        self, version: int, pins: frozenset[int], found: dict[tuple[str, int], list[Any]]
+    ) -> tuple[dict[tuple[str, int], list[Any]], list[Any]]:
+        """The opening a store-rebuilt controller is told, straight into the controller and
+        its journal, its effects not run (``Resumed`` re-decides all of them, as after a
+        rebuild from a journal): every group registered at ``version`` (``Resumed`` then
+        trusts none of them until verified), C(v) committed if it is on disk, and pinned if
+        the trainer says so. The survivors come back renamed: a group's newest process, told
+        it is now incarnation 1 (how the journal will know it), and the rest to kill."""
+        local = self.controller
+        assert isinstance(local, RecoveryController)
+        newest: dict[str, int] = {}
+        for g, inc in found:
+            if g in self.groups:
+                newest[g] = max(inc, newest.get(g, 0))
+        doomed = [a for (g, inc), actors in found.items() if newest.get(g) != inc for a in actors]
+        renamed: dict[tuple[str, int], list[Any]] = {}
+        for g, inc in newest.items():
+            actors = found[(g, inc)]
+            try:
+                ray.get([a.assume.remote(g, 1) for a in actors], timeout=self.call_timeout_s)
+            except Exception:
+                log.warning("%s's surviving process did not take its new number", g, exc_info=True)
+                doomed += actors
+                continue
+            renamed[(g, 1)] = actors
+        at = time.monotonic()
+        for g in self.groups:
+            local.handle(ev.GroupRegistered(g, version, at=at))
+        path = self.store.path_for(version)
+        if path.is_dir():
+            local.handle(ev.ExportStarted(version, at=at))
+            local.handle(ev.ExportCommitted(version, str(path), at=at))
+            if version in pins:
+                local.handle(ev.CheckpointPinned(version, at=at))
+        return renamed, doomed
+
     def _take_over(
-        self, version: int, torn: int, replayed: int, discover_s: float, settle_s: float
+        self,
+        version: int,
+        torn: int,
+        replayed: int,
+        discover_s: float,
+        settle_s: float,
+        *,
+        store_pins: frozenset[int] | None = None,
     ) -> Resumption:
         check_shared_root(self.store.root, self.launcher.actor_options)
-        groups = self.controller.groups()
         found, silent = self.launcher.survivors(discover_s)
-        kept: dict[tuple[str, int], list[Any]] = {}
         doomed = list(silent)
+        if store_pins is not None:
+            found, strays = self._reconstruct(version, store_pins, found)
+            doomed += strays
+        groups = self.controller.groups()
+        kept: dict[tuple[str, int], list[Any]] = {}
         for (g, inc), actors in found.items():
             view = groups.get(g)
             alive = view is not None and view.incarnation == inc and view.state not in {
@@ -333,8 +430,12 @@ class RecoveryRuntime:
                 # Its export committed; the report died with the trainer: report it now,
                 # and the resume's rules decide (a source again, or deleted).
                 self.reporter.report(ev.ExportCommitted, version=v, path=str(p))
-            elif ck is None and v > version:
-                self.store.delete(p)  # written, never reported, of a future not followed
+            elif ck is None and (
+                v > version or (store_pins is not None and v < version and v not in store_pins)
+            ):
+                # Written, never reported, of a future not followed; or, rebuilt from the
+                # store, an older checkpoint nobody pinned.
+                self.store.delete(p)
                 removed.append(str(p))
         self.reporter.report(ev.Resumed, version=version)
         self.monitor.start()
@@ -367,7 +468,8 @@ class RecoveryRuntime:
             else:
                 reloaded.append(g)  # the same process, renumbered by a load in place
         return Resumption(version, torn, replayed, tuple(adopted), tuple(reloaded),
-                          tuple(restarted), len(doomed), tuple(removed), ok)  # fmt: skip
+                          tuple(restarted), len(doomed), tuple(removed), ok,
+                          "journal" if store_pins is None else "store")  # fmt: skip
 
     def start(self, model: Any) -> None:
         """Boot every group with ``model``'s weights (``initial_version``), then watch."""
