@@ -1,8 +1,9 @@
 """A trainer's crash and resume, for real: a trainer process (``tests/procs/resume_trainer.py``)
 runs a named run on a local Ray cluster, SIGKILLs itself at each point (mid-sync, mid-export,
-mid-recovery), and a new process resumes at its pinned version. Prints, per point and trial,
-the resume's wall time and engine boots beside the fresh start's (what restarting the fleet
-would cost: every engine booted again).
+mid-recovery, and after a recovery), and a new process resumes at its pinned version, from
+the journal or, the journal deleted, from the checkpoint store. Prints, per point and
+source, the resume's wall time and engine boots beside the fresh start's (what restarting
+the fleet would cost: every engine booted again).
 
     .venv/bin/python benchmarks/bench_resume.py [--trials 2]
 """
@@ -22,7 +23,8 @@ from typing import Any
 import ray
 
 TRAINER = Path(__file__).resolve().parents[1] / "tests" / "procs" / "resume_trainer.py"
-POINTS = ("sync", "export", "recovery")
+POINTS = ("sync", "export", "recovery", "recovered")
+SOURCES = ("journal", "store")
 
 
 def run(mode: str, work: Path, run_name: str, at: str = "") -> dict[str, Any]:
@@ -45,23 +47,28 @@ def main() -> None:
     args = p.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    rows: dict[str, list[dict[str, Any]]] = {at: [] for at in POINTS}
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {
+        (at, src): [] for at in POINTS for src in SOURCES
+    }
     try:
         for trial in range(args.trials):
-            for at in POINTS:  # alternating, so the points share the hour's load
+            for at, src in rows:  # alternating, so every cell shares the hour's load
                 with tempfile.TemporaryDirectory(prefix="bench-resume-") as tmp:
-                    work = Path(tmp)
-                    crashed = run("crash", work, f"bench-{trial}-{at}", at)
-                    resumed = run("resume", work, f"bench-{trial}-{at}")
-                    rows[at].append({**resumed, "start_s": crashed["start_s"]})
+                    work, name = Path(tmp), f"bench-{trial}-{at}-{src}"
+                    crashed = run("crash", work, name, at)
+                    if src == "store":
+                        (work / "journal.jsonl").unlink()
+                    resumed = run("resume", work, name)
+                    rows[at, src].append({**resumed, "start_s": crashed["start_s"]})
     finally:
         ray.shutdown()
-    print(f"{'killed mid':<10} {'resume s':>9} {'start s':>8} {'boots':>6} {'fresh boots':>12} "
-          f"{'adopted':>8} {'reloaded':>9} {'restarted':>10} {'replay':>7}")  # fmt: skip
-    for at, got in rows.items():
+    print(f"{'killed at':<10} {'from':<8} {'resume s':>9} {'start s':>8} {'boots':>6} "
+          f"{'fresh boots':>12} {'adopted':>8} {'reloaded':>9} {'restarted':>10} "
+          f"{'replay':>7}")  # fmt: skip
+    for (at, src), got in rows.items():
         found = [g["resumption"] for g in got]
         print(
-            f"{at:<10} {statistics.median(g['resume_s'] for g in got):>9.2f} "
+            f"{at:<10} {src:<8} {statistics.median(g['resume_s'] for g in got):>9.2f} "
             f"{statistics.median(g['start_s'] for g in got):>8.2f} "
             f"{max(g['boots_at_resume'] for g in got):>6} {2:>12} "
             f"{sum(len(f['adopted']) for f in found):>8} "
