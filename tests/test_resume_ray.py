@@ -136,23 +136,34 @@ def test_a_resume_the_journal_cannot_take_is_refused_before_anything_is_touched(
                 c.handle(ev.Shutdown(at=3.0))
         return path
 
-    def refused(path: Path | None, version: Any, match: str, pinned: Any = ()) -> None:
+    def refused(path: Path | None, version: Any, match: str, **kw: Any) -> None:
         before = path.read_bytes() if path is not None and path.is_file() else None
         with pytest.raises(BadRuntimeInput, match=match):
             RecoveryRuntime.resume(
                 store.root, run=f"refused-{tmp_path.name}", version=version, journal=path,
-                pinned=pinned, groups=["g0"], model_config=TINY_LLAMA,
+                **{"groups": ["g0"], "model_config": TINY_LLAMA, **kw},
             )  # fmt: skip
         assert temp.is_dir() and future.is_dir()
         assert before is None or path is None or path.read_bytes() == before
+        assert not list(tmp_path.glob("*.resuming"))  # no journal half-written
 
     running = journal("running.jsonl", closed=False)
     refused(running, 3, "only reached 2")
     refused(running, "2", "an int >= 0")
     refused(journal("closed.jsonl", closed=True), 2, "was closed")
-    # Pins are the journal's when there is one; from the store they must be versions.
-    refused(running, 2, "the journal's pins are the run's", pinned=[2])
-    refused(None, 2, "a collection of versions", pinned=2)
-    refused(None, 2, "a collection of versions", pinned=["2"])
-    refused(None, 2, "a collection of versions", pinned=[-1])
+    # The store is never chosen for the user: a journal missing by mistake must not lose
+    # the checkpoints it pinned; and a journal that is there is the run's account.
+    refused(tmp_path / "typo.jsonl", 2, "from_store=True rebuilds")
+    refused(None, 2, "needs the run's journal")
+    refused(running, 2, "there is a journal", from_store=True)
+    refused(running, 2, "a journal's pins are the run's", pinned=[2])
+    refused(None, 2, "a collection of versions", from_store=True, pinned=2)
+    refused(None, 2, "a collection of versions", from_store=True, pinned=["2"])
+    refused(None, 2, "a collection of versions", from_store=True, pinned=[-1])
+    refused(None, 2, "from_store must be a bool", from_store="yes")
+    refused(None, 2, "not initial_version", from_store=True, initial_version=2)
+    refused(tmp_path / "no" / "j.jsonl", 2, "does not exist", from_store=True)
     refused(tmp_path, 2, "is not a file")  # a directory where the journal should be
+    # Bad groups are refused from the store too, before any engine or file is touched.
+    refused(tmp_path / "new.jsonl", 2, "groups=", from_store=True, groups=["g0", "g0"])
+    assert not (tmp_path / "new.jsonl").exists()

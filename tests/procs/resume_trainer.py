@@ -110,7 +110,7 @@ def resume(args: argparse.Namespace) -> None:
     # With the journal lost, the resume rebuilds from the store and journals afresh there.
     lost = not os.path.exists(args.journal)
     rt, found = RecoveryRuntime.resume(
-        args.root, run=args.run, version=PINNED, journal=args.journal,
+        args.root, run=args.run, version=PINNED, journal=args.journal, from_store=lost,
         pinned=[PINNED] if lost else [], **options(args),
     )  # fmt: skip
     resume_s = time.perf_counter() - t0

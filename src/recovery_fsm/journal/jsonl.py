@@ -26,6 +26,12 @@ class JsonlJournal:
         if self._fsync:
             os.fsync(self._file.fileno())
 
+    def move(self, path: str | os.PathLike[str]) -> None:
+        """Rename the file into ``path`` (atomically, on one file system) and go on writing
+        it there: a journal is published once its opening is complete."""
+        os.replace(self.path, path)
+        self.path = Path(path)
+
     def close(self) -> None:
         self._file.close()
 

@@ -36,7 +36,7 @@ class FailStop:
 
     def __init__(self, journal: str | None) -> None:
         self._lock = threading.Lock()
-        self._journal = journal
+        self.journal = journal  # named by ControllerStopped: the journal to rebuild from
         self._error: ControllerStopped | None = None
         self._listeners: list[Callable[[], None]] = []
 
@@ -48,7 +48,7 @@ class FailStop:
         with self._lock:
             first = self._error is None
             if first:
-                self._error = ControllerStopped(err, self._journal)
+                self._error = ControllerStopped(err, self.journal)
             error = self._error
             listeners = list(self._listeners) if first else []
         assert error is not None

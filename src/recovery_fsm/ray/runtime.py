@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -99,7 +99,8 @@ class Resumption:
     reloaded: tuple[str, ...]  # ... that load C(v) (or wait for a push): they held another version
     restarted: tuple[str, ...]  # groups whose process was gone or failed its check
     killed: int  # surviving engines not of any group's current process (standbys, orphans)
-    removed_dirs: tuple[str, ...]  # temporaries and untracked checkpoints newer than v
+    removed_dirs: tuple[str, ...]  # temporaries, untracked checkpoints newer than v (from the
+    # store: and older ones not pinned)
     settled: bool  # every group answered and the future's checkpoints were gone in time
     rebuilt_from: str = "journal"  # or "store": there was no journal to rebuild from
 
@@ -263,6 +264,7 @@ class RecoveryRuntime:
         run: str,
         version: int,
         journal: str | Path | None,
+        from_store: bool = False,
         pinned: Collection[int] = (),
         discover_timeout_s: float = 30.0,
         settle_timeout_s: float = 300.0,
@@ -278,34 +280,55 @@ class RecoveryRuntime:
         reaches those serving and those checkpoints are gone (or ``settle_timeout_s``
         passed). ``options``: the constructor's (groups, model_config, engine, ...).
 
-        Without a journal (``journal`` None, or no records at that path: lost with a node's
-        disk, never flushed) the controller is rebuilt from the checkpoint store instead,
-        and a path given is journaled to afresh. Then nothing of the run's history is known:
-        each group's newest surviving process is taken as its incarnation 1, C(v) as the
-        recovery source, ``pinned`` as the versions the trainer pinned (C(v) stays pinned;
-        older ones stay on disk, the trainer's to delete), and every other committed
-        checkpoint is deleted; restart budgets start full."""
+        ``from_store=True`` (the journal lost with a node's disk, never flushed) rebuilds the
+        controller from the checkpoint store instead, and journals afresh to ``journal`` if a
+        path is given (only once ``Resumed`` was sent: a crash before leaves no journal that
+        a second resume would trust). Nothing of the run's history is known then: each
+        group's newest surviving process is taken as its incarnation 1, C(v) as the recovery
+        source, ``pinned`` as the versions the trainer pinned (C(v) stays pinned; older ones
+        stay on disk, the trainer's to delete), and every other committed checkpoint is
+        deleted; restart budgets start full. It is never chosen for you: a journal missing
+        by mistake must not delete checkpoints it had pinned."""
         if type(version) is not int or version < 0:
             raise BadRuntimeInput(f"resume version must be an int >= 0, got {version!r}")
-        pins = tuple(pinned) if isinstance(pinned, list | tuple | set | frozenset) else None
+        if not isinstance(from_store, bool):
+            raise BadRuntimeInput(f"from_store must be a bool, got {from_store!r}")
+        pins = (
+            tuple(pinned)
+            if isinstance(pinned, Collection) and not isinstance(pinned, str | bytes)
+            else None
+        )
         if pins is None or not all(type(p) is int and p >= 0 for p in pins):
             raise BadRuntimeInput(f"pinned must be a collection of versions (ints >= 0), "
                                   f"got {pinned!r}")  # fmt: skip
+        if pins and not from_store:
+            raise BadRuntimeInput(
+                f"pinned={sorted(pins)} without from_store=True: a journal's pins are the run's"
+            )
+        if "initial_version" in options:
+            raise BadRuntimeInput("resume starts at version=, not initial_version=")
         path = None if journal is None else Path(journal)
         if path is not None and path.exists() and not path.is_file():
             raise BadRuntimeInput(f"the journal {path} is not a file")
-        if pins and path is not None and path.is_file() and path.stat().st_size:
+        if from_store:
+            if path is not None and path.is_file() and path.stat().st_size:
+                raise BadRuntimeInput(
+                    f"from_store=True, but there is a journal at {path}: resume from it (the "
+                    "run's history and pins are in it), or move it away first"
+                )
+            if path is not None and not path.parent.is_dir():
+                raise BadRuntimeInput(f"the journal's directory {path.parent} does not exist")
+            return cls._from_store(root, run, version, path, frozenset(pins),
+                                   discover_timeout_s, settle_timeout_s, options)  # fmt: skip
+        if path is None or not path.is_file():
             raise BadRuntimeInput(
-                f"pinned={sorted(pins)} with the journal {path}: the journal's pins are the "
-                "run's (pinned is for a resume from the checkpoint store, journal=None)"
+                f"resume needs the run's journal; {path} is not a file (if it is lost, "
+                "from_store=True rebuilds from the checkpoint store, without the history)"
             )
-        torn = trim_torn_tail(path) if path is not None and path.is_file() else b""
+        torn = trim_torn_tail(path)
         if torn:
             log.warning("journal %s ended in an unfinished line (%d bytes): cut", path, len(torn))
-        records = [] if path is None or not path.is_file() else list(read_journal(path))
-        if path is None or not records:
-            return cls._from_store(root, run, version, path, frozenset(pins), len(torn),
-                                   discover_timeout_s, settle_timeout_s, options)  # fmt: skip
+        records = list(read_journal(path))
         steps = [r["step"] for r in records if type(r.get("step")) is int]
         controller = rebuild(path)
         # Refused here, before an engine is killed or a file deleted: Resumed would be.
@@ -337,25 +360,36 @@ class RecoveryRuntime:
         version: int,
         journal: Path | None,
         pins: frozenset[int],
-        torn: int,
         discover_s: float,
         settle_s: float,
         options: dict[str, Any],
     ) -> tuple[RecoveryRuntime, Resumption]:
-        """``resume`` without a journal: the controller starts at ``version`` and is told
-        the little the store and the survivors can vouch for before ``Resumed`` decides."""
+        """``resume`` from the store: the controller starts at ``version`` and is told the
+        little the store and the survivors can vouch for before ``Resumed`` decides. Its
+        journal is written beside ``journal`` and moved there once ``Resumed`` is in it."""
         if options.get("controller_actor") is not None:
             raise BadRuntimeInput("resume runs the controller in this process: no controller_actor")
-        log.warning("no journal to resume from%s: rebuilding from the checkpoint store %s",
-                    "" if journal is None else f" at {journal}", root)  # fmt: skip
-        rt = cls(root, run=run, journal=journal, initial_version=version, **options)
+        log.warning("resuming from the checkpoint store %s: the run's history is not known", root)
+        staging = None if journal is None else journal.with_name(journal.name + ".resuming")
+        if staging is not None:
+            staging.unlink(missing_ok=True)  # a resume that died before it finished
+        rt = cls(root, run=run, journal=staging, initial_version=version, **options)
         with rt._lifetime:
             rt._started = True
+        def publish() -> None:
+            if journal is not None and rt._journal is not None:
+                rt._journal.move(journal)
+                rt.failstop.journal = str(journal)
+
         try:
-            return rt, rt._take_over(version, torn, 0, discover_s, settle_s, store_pins=pins)
+            found = rt._take_over(version, 0, 0, discover_s, settle_s, store_pins=pins,
+                                  published=publish)  # fmt: skip
         except BaseException:
             rt.close(drain_timeout_s=5.0)
+            if staging is not None:
+                staging.unlink(missing_ok=True)  # not published: nobody resumes from it
             raise
+        return rt, found
 
     def _reconstruct(
         self, version: int, pins: frozenset[int], found: dict[tuple[str, int], list[Any]]
@@ -368,30 +402,44 @@ class RecoveryRuntime:
         it is now incarnation 1 (how the journal will know it), and the rest to kill."""
         local = self.controller
         assert isinstance(local, RecoveryController)
+        at = time.monotonic()
+        try:  # first: bad groups are refused before an engine is touched
+            for g in self.groups:
+                local.handle(ev.GroupRegistered(g, version, at=at))
+        except RecoveryError as err:
+            raise BadRuntimeInput(f"groups={self.groups!r}: {err}") from err
+        committed = self.store.scan().committed  # verified manifests; temporaries removed
+        if version in committed:
+            local.handle(ev.ExportStarted(version, at=at))
+            local.handle(ev.ExportCommitted(version, str(committed[version]), at=at))
+            if version in pins:
+                local.handle(ev.CheckpointPinned(version, at=at))
+        else:
+            log.warning("no committed checkpoint of %d in %s: no recovery source until a sync",
+                        version, self.store.root)  # fmt: skip
+        if ignored := sorted(p for p in pins if p > version or p not in committed):
+            log.warning("pinned %s: not on disk, or of the future the resume abandons", ignored)
         newest: dict[str, int] = {}
         for g, inc in found:
             if g in self.groups:
                 newest[g] = max(inc, newest.get(g, 0))
         doomed = [a for (g, inc), actors in found.items() if newest.get(g) != inc for a in actors]
+        # All asked at once, each behind a load it may still run: one bound for all of them.
+        asked = {g: [a.assume.remote(g, 1) for a in found[(g, inc)]] for g, inc in newest.items()}
+        refs = [r for rs in asked.values() for r in rs]
+        done = ray.wait(refs, num_returns=len(refs), timeout=self.call_timeout_s)[0] if refs else []
         renamed: dict[tuple[str, int], list[Any]] = {}
-        for g, inc in newest.items():
-            actors = found[(g, inc)]
+        for g, rs in asked.items():
+            actors = found[(g, newest[g])]
             try:
-                ray.get([a.assume.remote(g, 1) for a in actors], timeout=self.call_timeout_s)
+                if not set(rs) <= set(done):
+                    raise TimeoutError(f"no answer in {self.call_timeout_s} s")
+                ray.get(rs, timeout=0)
             except Exception:
                 log.warning("%s's surviving process did not take its new number", g, exc_info=True)
                 doomed += actors
                 continue
             renamed[(g, 1)] = actors
-        at = time.monotonic()
-        for g in self.groups:
-            local.handle(ev.GroupRegistered(g, version, at=at))
-        path = self.store.path_for(version)
-        if path.is_dir():
-            local.handle(ev.ExportStarted(version, at=at))
-            local.handle(ev.ExportCommitted(version, str(path), at=at))
-            if version in pins:
-                local.handle(ev.CheckpointPinned(version, at=at))
         return renamed, doomed
 
     def _take_over(
@@ -403,6 +451,7 @@ class RecoveryRuntime:
         settle_s: float,
         *,
         store_pins: frozenset[int] | None = None,
+        published: Callable[[], None] | None = None,
     ) -> Resumption:
         check_shared_root(self.store.root, self.launcher.actor_options)
         found, silent = self.launcher.survivors(discover_s)
@@ -438,6 +487,8 @@ class RecoveryRuntime:
                 self.store.delete(p)
                 removed.append(str(p))
         self.reporter.report(ev.Resumed, version=version)
+        if published is not None:
+            published()  # a journal rebuilt from the store is complete from here on
         self.monitor.start()
 
         moving = {"resuming", "failed", "awaiting_checkpoint", "loading", "claiming", "relaunching"}
