@@ -1,6 +1,6 @@
 """The trainer's crash and resume through the controller: what the old runtime had in flight
 ends, the future's checkpoints go, C(v) is the source again, and no process serves before it
-answers (``Resumed``, ``GroupVerified``)."""
+answers (``Resumed``, ``GroupVerified``, ``StandbyVerified``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import pytest
 from conftest import Driver
 
 from recovery_fsm import (
+    ClaimStandby,
     DeleteCheckpoint,
     EventNotAllowed,
     LoadCheckpoint,
+    LoadStandby,
     RecoveryConfig,
     RestartFromCheckpoint,
     RouteTraffic,
@@ -18,6 +20,7 @@ from recovery_fsm import (
     StopStandby,
     UnknownVersion,
     VerifyGroup,
+    VerifyStandby,
     WithdrawTraffic,
     WrongIncarnation,
 )
@@ -88,12 +91,96 @@ def test_a_verification_past_the_load_deadline_is_killed() -> None:
     assert d.c.group_state("g0") == "loading"  # killed, restarted from C(1)
 
 
-def test_the_pool_restarts_after_a_resume() -> None:
-    d = ran_to(1, standby=1)
+def standby_holding(version: int) -> Driver:
+    """``ran_to(version)`` with a pool of one whose standby booted and loaded C(version)."""
+    d = ran_to(version, standby=1)
     d.send(ev.StandbyBooted, "standby-1")
+    d.send(ev.StandbyLoaded, "standby-1", version)
+    assert d.c.standbys()["standby-1"].ready
+    return d
+
+
+def test_a_standby_that_survived_is_asked_and_never_claimed_before_it_answers() -> None:
+    d = standby_holding(1)
     effects = d.send(ev.Resumed, 1)
-    assert of(effects, StopStandby) == [StopStandby("standby-1", "resume")]
+    assert of(effects, VerifyStandby) == [VerifyStandby("standby-1")]
+    assert of(effects, StopStandby) == of(effects, StartStandby) == []  # no boot
+    assert d.c.standbys()["standby-1"].state == "resuming"
+    assert d.c.up_standbys() == []  # no push reaches it either
+    d.send(ev.GroupVerified, "g0", 1, 1)
+    effects = d.about(ev.GroupFailed, "g0")
+    assert of(effects, ClaimStandby) == []
+    assert of(effects, RestartFromCheckpoint) == [RestartFromCheckpoint("g0", 2, 1, "/ckpt/step-1")]
+    assert of(d.send(ev.StandbyVerified, "standby-1", 1), LoadStandby) == []  # current
+    d.send(ev.GroupVerified, "g1", 1, 1)
+    effects = d.about(ev.GroupFailed, "g1")
+    assert of(effects, ClaimStandby) == [ClaimStandby("g1", 2, "standby-1", 1, None)]
+
+
+def test_a_group_waiting_for_an_export_claims_the_standby_once_it_answers_current() -> None:
+    d = Driver(RecoveryConfig(standby=1), groups=["g0", "g1"])
+    d.send(ev.StandbyBooted, "standby-1")
+    d.send(ev.WeightsSynced, 1, {"g0": 1, "g1": 1, "standby-1": 1})  # not exported
+    d.send(ev.Resumed, 1)
+    d.send(ev.GroupVerified, "g0", 1, 1)
+    d.send(ev.ExportStarted, 1)  # the restarted trainer exports its v
+    d.about(ev.GroupFailed, "g0")
+    assert d.c.group_state("g0") == "awaiting_checkpoint"
+    effects = d.send(ev.StandbyVerified, "standby-1", 1)
+    assert of(effects, ClaimStandby) == [ClaimStandby("g0", 2, "standby-1", 1, None)]
+
+
+def test_a_standby_loading_the_future_keeps_its_lease_then_loads_c_v() -> None:
+    d = ran_to(3, standby=1)
+    assert of(d.send(ev.StandbyBooted, "standby-1"), LoadStandby)  # loads C(3)
+    effects = d.send(ev.Resumed, 1)
+    assert of(effects, DeleteCheckpoint) == []  # C(3) is still read by the standby
+    effects = d.send(ev.StandbyVerified, "standby-1", 3)  # the abandoned future's weights
+    assert of(effects, DeleteCheckpoint) == [DeleteCheckpoint(3, "/ckpt/step-3")]
+    assert of(effects, LoadStandby) == [LoadStandby("standby-1", 1, "/ckpt/step-1")]
+
+
+def test_a_standby_whose_boot_died_with_the_trainer_loads_c_v_once_it_answers() -> None:
+    d = ran_to(1, standby=1)  # its boot is in flight
+    assert of(d.send(ev.Resumed, 1), VerifyStandby) == [VerifyStandby("standby-1")]
+    effects = d.send(ev.StandbyVerified, "standby-1", None)
+    assert of(effects, LoadStandby) == [LoadStandby("standby-1", 1, "/ckpt/step-1")]
+
+
+def test_a_silent_standby_is_killed_at_the_load_deadline_and_the_pool_refills() -> None:
+    d = standby_holding(1)
+    d.send(ev.Resumed, 1)
+    effects = d.c.handle(ev.Tick(at=1000.0))
+    assert of(effects, StopStandby) == [StopStandby("standby-1", "verify deadline")]
     assert of(effects, StartStandby) == [StartStandby("standby-2")]
+    assert "standby-1" not in d.c.standbys()
+    # The killed process's answer (or its death) only ends what it owed.
+    assert of(d.c.handle(ev.StandbyFailed("standby-1", at=1001.0)), Effect) == []
+    assert d.c.check_invariants() == []
+    with pytest.raises(EventNotAllowed, match="handed over, lost or stopped"):
+        d.c.handle(ev.StandbyVerified("standby-1", 1, at=1002.0))
+
+
+def test_a_standby_that_did_not_survive_is_replaced() -> None:
+    d = standby_holding(1)
+    d.send(ev.Resumed, 1)
+    effects = d.send(ev.StandbyFailed, "standby-1", reason="no actor under its name")
+    assert of(effects, StartStandby) == [StartStandby("standby-2")]
+
+
+def test_bad_standby_answers_are_refused_and_change_nothing() -> None:
+    d = standby_holding(1)
+    before = d.c.snapshot()
+    with pytest.raises(EventNotAllowed, match="expects it in one of \\['resuming'\\]"):
+        d.send(ev.StandbyVerified, "standby-1", 1)  # nobody resumed
+    with pytest.raises(EventNotAllowed, match="unknown standby"):
+        d.send(ev.StandbyVerified, "standby-7", 1)
+    assert d.c.snapshot() == before
+    d.send(ev.Resumed, 1)
+    before = d.c.snapshot()
+    with pytest.raises(EventNotAllowed, match="expects it in one of \\['booting'\\]"):
+        d.send(ev.StandbyBooted, "standby-1")  # the dead runtime's boot never reports
+    assert d.c.snapshot() == before
 
 
 def test_versions_after_the_resume_are_exported_anew_once_the_old_files_are_gone() -> None:

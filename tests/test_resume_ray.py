@@ -24,12 +24,14 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 TRAINER = Path(__file__).parent / "procs" / "resume_trainer.py"
 
 
-def trainer(mode: str, tmp_path: Path, at: str = "") -> tuple[int, list[dict[str, Any]]]:
+def trainer(
+    mode: str, tmp_path: Path, at: str = "", standby: int = 0
+) -> tuple[int, list[dict[str, Any]]]:
     address = ray.get_runtime_context().gcs_address
     cmd = [
         sys.executable, str(TRAINER), mode, "--address", address,
         "--root", str(tmp_path / "ckpt"), "--journal", str(tmp_path / "journal.jsonl"),
-        "--run", f"resume-{tmp_path.name}", "--at", at,
+        "--run", f"resume-{tmp_path.name}", "--at", at, "--standby", str(standby),
     ]  # fmt: skip
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, check=False)
@@ -71,6 +73,32 @@ def test_a_trainer_killed_mid_way_resumes_on_the_engines_that_survived(
     assert after["replay_ok"], after["replay"]
     if at == "commit":  # C(3) was on disk, never reported: reported at the resume, then deleted
         assert "ExportCommitted" in after["resumed_kinds"]
+
+
+def test_a_standby_that_outlived_the_trainer_is_kept_and_claimed_without_a_boot(
+    tmp_path: Path,
+) -> None:
+    """Killed mid-export, the standby holds version 3 (the push reached it), which nothing
+    vouches for after the crash: asked like a group, it loads C(2) in place. Not one engine
+    boots at the resume; the same standby process then takes over a killed g0 and answers
+    with the fleet's weights."""
+    code, before = trainer("crash", tmp_path, "export", standby=1)
+    assert code == -9
+    assert before and before[0]["boots"] == 3  # g0, g1 and the standby
+    (standby,) = before[0]["standby_actors"]["standby-1"]
+
+    _, (after,) = trainer("resume", tmp_path, standby=1)
+    found = after["resumption"]
+    assert found["settled"] and found["standbys"] == ["standby-1"]
+    assert after["boots_at_resume"] == 0 and found["killed"] == 0
+    assert sorted(found["reloaded"]) == ["g0", "g1"]
+    # Current after the resume's sync to 3 (pushed to once it answered), the same process.
+    assert after["standbys"]["standby-1"] == ["ready", 3, [standby]]
+    assert after["claimed"] == [standby]  # g0's second process is the standby's
+    assert after["served"] == {"g0": 3, "g1": 3, "g0 after its death": 3}
+    assert after["loads_from_deleted"] == 0 and after["refused_reports"] == 0
+    assert after["drained"] and after["left"] == 0
+    assert after["replay_ok"], after["replay"]
 
 
 @pytest.mark.parametrize("at", ["export", "recovered"])

@@ -17,6 +17,7 @@ from .effects import (
     StopGroup,
     StopStandby,
     VerifyGroup,
+    VerifyStandby,
     WithdrawTraffic,
 )
 from .errors import (
@@ -58,6 +59,7 @@ from .events import (
     StandbyBooted,
     StandbyFailed,
     StandbyLoaded,
+    StandbyVerified,
     Tick,
     WeightsSynced,
 )
@@ -116,6 +118,7 @@ __all__ = [
     "StandbyBooted",
     "StandbyFailed",
     "StandbyLoaded",
+    "StandbyVerified",
     "StandbyView",
     "StartStandby",
     "StopGroup",
@@ -125,6 +128,7 @@ __all__ = [
     "UnknownVersion",
     "UnsafePath",
     "VerifyGroup",
+    "VerifyStandby",
     "WeightsSynced",
     "WithdrawTraffic",
     "WrongIncarnation",

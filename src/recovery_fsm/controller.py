@@ -93,7 +93,7 @@ class GroupView:
 @attrs.frozen
 class StandbyView:
     name: str
-    state: str  # booting, stale, loading or ready (handed-over and lost ones are forgotten)
+    state: str  # booting, stale, loading, ready or resuming (handed-over, lost: forgotten)
     version: int | None  # the weights it holds, if up
 
     @property

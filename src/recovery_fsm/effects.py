@@ -146,6 +146,16 @@ class StopStandby(Effect):
 
 
 @attrs.frozen
+class VerifyStandby(Effect):
+    """After a resume: ask standby ``standby`` (found by its name) which weights it holds,
+    and check its canary against that version's record. Report StandbyVerified, or
+    StandbyFailed if it is gone or fails the check (kill it first). A boot or load it was
+    running when the trainer died finishes first: the answer is what it holds after."""
+
+    standby: str
+
+
+@attrs.frozen
 class ClaimStandby(Effect):
     """Standby ``standby``'s process becomes incarnation ``incarnation`` of ``group``. With a
     ``path`` it first loads that checkpoint (weights of ``version``, leased as a restart's);

@@ -306,6 +306,17 @@ class StandbyFailed(Event):
     reason: str = attrs.field(default="", converter=valid.plain_str, validator=valid.text)
 
 
+@attrs.frozen
+class StandbyVerified(Event):
+    """After a resume, standby ``standby`` answered: it holds weight ``version`` (None: none)
+    and passed the admission check against it. One that did not answer or failed the check
+    is reported with ``StandbyFailed`` instead."""
+
+    standby: str = attrs.field(converter=valid.plain_str, validator=valid.name)
+    version: int | None = attrs.field(validator=valid.optional_version)
+    at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__name__: cls
     for cls in (
@@ -332,6 +343,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         StandbyBooted,
         StandbyLoaded,
         StandbyFailed,
+        StandbyVerified,
     )
 }
 

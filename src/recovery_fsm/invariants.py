@@ -98,15 +98,20 @@ def violations(rules: Rules) -> list[str]:
         if owner is None or incarnation > owner.record.incarnation:
             out.append(f"a {start.kind} of {name!r} incarnation {incarnation} never started")
 
-    # Standbys: never more alive than the pool's size; a booting (loading) standby has a boot
-    # (load) in flight, an idle one none; a ready one holds the fleet's version.
+    # Standbys: never more alive than the pool's size; a booting (loading, resuming) standby
+    # has a boot (load, verification) in flight, an idle one none; a ready one holds the
+    # fleet's version.
     alive = [s for s in rules.standbys.values() if s.record.state not in STANDBY_FINAL]
     if len(alive) > rules.pool.record.size:
         out.append(f"{len(alive)} standbys alive; the pool's size is {rules.pool.record.size}")
     for name, s in rules.standbys.items():
         sr = s.record
         start = rules.starts.get((name, 1))
-        want = {StandbyState.BOOTING: "boot", StandbyState.LOADING: "load"}.get(str(sr.state))
+        want = {
+            StandbyState.BOOTING: "boot",
+            StandbyState.LOADING: "load",
+            StandbyState.RESUMING: "verify",
+        }.get(str(sr.state))
         if want is not None and (start is None or start.kind != want):
             out.append(f"standby {name!r} is {sr.state} without its {want} in flight")
         if sr.state in {StandbyState.STALE, StandbyState.READY} and start is not None:
@@ -116,7 +121,7 @@ def violations(rules: Rules) -> list[str]:
         if sr.state == StandbyState.READY and sr.version != fleet:
             out.append(f"standby {name!r} is ready on version {sr.version}, fleet is {fleet}")
     for (name, _), start in rules.starts.items():
-        if start.kind in {"boot"} and name not in rules.standbys:
+        if start.kind in {"boot", "verify"} and name not in rules.standbys:
             out.append(f"a boot of {name!r} is in flight for no standby")
 
     # At most one export in flight, of the current version.

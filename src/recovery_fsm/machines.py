@@ -282,6 +282,8 @@ class StandbyMachine(StateMachine):
     stale = State()
     loading = State()
     ready = State()
+    # The trainer resumed: the standby, if it survived, has not yet said what it holds.
+    resuming = State()
     claimed = State(final=True)
     lost = State(final=True)
     stopped = State(final=True)
@@ -299,9 +301,19 @@ class StandbyMachine(StateMachine):
     )
     # A failed group takes it: as it is when ready; stale or loading, after a load of C(v).
     claim = ready.to(claimed) | stale.to(claimed) | loading.to(claimed)
+    # After the trainer's restart nothing is trusted: the standby must say what it holds.
+    resume = booting.to(resuming) | stale.to(resuming) | loading.to(resuming) | ready.to(resuming)
+    # It answered: current if it holds the fleet's version, else stale (it catches up).
+    verified = resuming.to(ready, cond="holds_current") | resuming.to(stale, unless="holds_current")
     # Died, failed its boot, its load or its check, or was killed at a deadline.
-    fail = booting.to(lost) | stale.to(lost) | loading.to(lost) | ready.to(lost)
-    stop = booting.to(stopped) | stale.to(stopped) | loading.to(stopped) | ready.to(stopped)
+    fail = booting.to(lost) | stale.to(lost) | loading.to(lost) | ready.to(lost) | resuming.to(lost)
+    stop = (
+        booting.to(stopped)
+        | stale.to(stopped)
+        | loading.to(stopped)
+        | ready.to(stopped)
+        | resuming.to(stopped)
+    )
 
 
 class StandbyPoolMachine(StateMachine):
@@ -410,6 +422,7 @@ class StandbyState:
     STALE: Final = "stale"
     LOADING: Final = "loading"
     READY: Final = "ready"
+    RESUMING: Final = "resuming"
     CLAIMED: Final = "claimed"
     LOST: Final = "lost"
     STOPPED: Final = "stopped"
@@ -421,6 +434,8 @@ class StandbyEvent:
     LOADED: Final = "loaded"
     SYNC: Final = "sync"
     CLAIM: Final = "claim"
+    RESUME: Final = "resume"
+    VERIFIED: Final = "verified"
     FAIL: Final = "fail"
     STOP: Final = "stop"
 

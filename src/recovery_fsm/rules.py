@@ -47,15 +47,17 @@ One line per event (``on_<Event>`` below, in this order):
   took over (after killing every process that is not a group's current one). The fleet is
   at v again; what the old runtime had in flight died with it. Exports end; checkpoints
   newer than v are deleted once unleased (pinned or not: that future is not followed), and
-  a committed C(v) is the recovery source again; deletes are asked again. Standbys stop (the
-  pool refills). Every group with a process is ``resuming``: not routed, its start (and
-  lease) kept until it answers (``VerifyGroup``); a group awaiting a checkpoint recovers anew.
+  a committed C(v) is the recovery source again; deletes are asked again. Every group with a
+  process is ``resuming``: not routed, its start (and lease) kept until it answers
+  (``VerifyGroup``); a group awaiting a checkpoint recovers anew. Every standby is
+  ``resuming`` likewise (``VerifyStandby``): never claimed or pushed to before it answers, so
+  a standby that survived costs no boot.
 * Shutdown                  every group and standby stops; checkpoints stop being sources.
   Outcomes of starts still in flight are accepted afterwards, and drain the controller.
 * Tick                      deadlines: a wait for C(v) past its timeout goes cold; a load or a
   relaunch past its deadline is killed and counts as a failed restart; a process that does
   not answer its verification within the load deadline is killed and has failed; a standby's
-  boot or load past its deadline is killed and the standby is lost.
+  boot, load or verification past its deadline is killed and the standby is lost.
 * GroupRegistered(g, v)     incarnation 1 of g, serving if v is the fleet's version.
 * ProbeFailed / ProbeOk     a serving group turns suspect; at the threshold it has failed and
   its process is stopped.
@@ -75,6 +77,9 @@ One line per event (``on_<Event>`` below, in this order):
   is offered to a group awaiting a checkpoint; stale, it catches up again.
 * StandbyFailed(s)          it is lost (its lease, if loading, ends with it); lost before it
   ever held the fleet's weights, it counts against the pool's boot budget.
+* StandbyVerified(s, v')    a resuming standby answered holding v' (weights above the fleet's
+  count as none): its start ends (and its lease); current, it is offered to a group
+  awaiting a checkpoint; stale, it catches up.
 
 A failed group (``_fail``) is retired once its restart budget is spent (every failure it
 recovered from, or with ``restart_window_s`` those of the last window, counted from the
@@ -452,11 +457,18 @@ class Rules:
         for version in [x for x in self.finished if x > v]:
             del self.finished[version]  # versions above v will be synced and exported anew
         for sb in list(self.standbys.values()):
-            if sb.record.state not in STANDBY_FINAL:
-                self._fire_standby(sb, StandbyEvent.STOP)
-                self._emit(fx.StopStandby(sb.record.name, "resume"))
-            self._end_standby_start(sb)  # the runtime killed it before this event
-            self._forget_standby(sb)
+            s = sb.record
+            if s.state in STANDBY_FINAL:
+                self._end_standby_start(sb)  # the runtime killed it before this event
+                self._forget_standby(sb)
+                continue
+            if s.state != StandbyState.RESUMING:  # else: its verification died unanswered
+                self._fire_standby(sb, StandbyEvent.RESUME)
+            # Its boot or load goes on (and its lease with it): the answer ends both.
+            start = self.starts.get((s.name, 1))
+            self.starts[(s.name, 1)] = Start("verify", None if start is None else start.lease)
+            s.version, s.since = None, self.now
+            self._emit(fx.VerifyStandby(s.name))
         for (name, incarnation), start in list(self.starts.items()):
             g = self.groups.get(name)
             if g is None or (
@@ -524,6 +536,8 @@ class Rules:
                 self._lose_standby(sb, kill="boot deadline")
             elif s.state == StandbyState.LOADING and waited >= c.deadline("load"):
                 self._lose_standby(sb, kill="load deadline")  # its lease waits for the outcome
+            elif s.state == StandbyState.RESUMING and waited >= c.deadline("load"):
+                self._lose_standby(sb, kill="verify deadline")  # its start awaits the answer
 
     # -- the health manager and the runtime, about one incarnation -----------------------------
 
@@ -723,7 +737,7 @@ class Rules:
                     break
 
     def check_StandbyFailed(self, e: ev.StandbyFailed) -> StandbySlot | StandbyOrphan:
-        return self._standby(e, STANDBY_UP | {StandbyState.BOOTING}, None)
+        return self._standby(e, STANDBY_UP | {StandbyState.BOOTING, StandbyState.RESUMING}, None)
 
     def on_StandbyFailed(self, e: ev.StandbyFailed, found: StandbySlot | StandbyOrphan) -> None:
         sb = self._settle_standby(found)
@@ -732,6 +746,26 @@ class Rules:
         self._lose_standby(sb)
 
     # -- recovery rules ----------------------------------------------------------------------
+
+    def check_StandbyVerified(self, e: ev.StandbyVerified) -> StandbySlot | StandbyOrphan:
+        return self._standby(e, frozenset({StandbyState.RESUMING}), "verify")
+
+    def on_StandbyVerified(
+        self, e: ev.StandbyVerified, found: StandbySlot | StandbyOrphan
+    ) -> None:
+        sb = self._settle_standby(found)
+        if sb is None:
+            return
+        self._end_standby_start(sb)  # what it was booting or loading has finished
+        ahead = e.version is not None and e.version > self.fleet.version  # the abandoned future
+        sb.record.version = None if ahead else e.version
+        self._fire_standby(sb, StandbyEvent.VERIFIED)  # current, or stale
+        if sb.record.state == StandbyState.STALE:
+            self._catch_up_standby(sb)
+        else:
+            for g in self._awaiting():  # offered as a load that finished is
+                if not self._claim_ready(g):
+                    break
 
     def _fail(self, g: GroupSlot, kill: str | None = None) -> None:
         """The group is down (``kill``: the controller decided so, and its process must be
@@ -1005,6 +1039,8 @@ class Rules:
         for (name, incarnation), start in sorted(self.starts.items()):
             if name in self.standbys:
                 what = "the boot" if start.lease is None else f"a load of C({start.lease.version})"
+                if start.kind == "verify":
+                    what = "the answer since the resume"
                 out.append(f"{what} of standby {name!r} has not reported")
                 continue
             what = {"relaunch": "a cold start", "claim": "a claim of a standby"}.get(
@@ -1098,7 +1134,7 @@ class Rules:
 
     def _standby(
         self,
-        e: ev.StandbyBooted | ev.StandbyLoaded | ev.StandbyFailed,
+        e: ev.StandbyBooted | ev.StandbyLoaded | ev.StandbyFailed | ev.StandbyVerified,
         states: frozenset[str],
         kind: str | None,
     ) -> StandbySlot | StandbyOrphan:
@@ -1174,7 +1210,7 @@ class Rules:
         """Move a standby; the first time it holds the fleet's weights its boot succeeded."""
         s = sb.record
         self._fire(sb.machine, Label.of(Label.STANDBY, s.name), event, **facts)
-        if s.state not in {StandbyState.BOOTING, StandbyState.LOADING}:
+        if s.state not in {StandbyState.BOOTING, StandbyState.LOADING, StandbyState.RESUMING}:
             s.since = None
         if s.state == StandbyState.READY and not s.ever_ready:
             s.ever_ready = True

@@ -41,7 +41,8 @@ class Lease:
 class Start:
     """A start of a group's (or a standby's) process whose outcome has not been reported."""
 
-    kind: str  # "load" | "claim" | "relaunch" (a group's); "boot" | "load" (a standby's)
+    # "load" | "claim" | "relaunch" (a group's); "boot" | "load" | "verify" (a standby's)
+    kind: str
     lease: Lease | None  # a load's lease on its checkpoint
     # A claim without a load: the version the standby held when it was claimed.
     version: int | None = None

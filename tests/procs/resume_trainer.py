@@ -39,13 +39,17 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     return dict(
         groups=["g0", "g1"],
         model_config=LlamaConfig(**TINY_LLAMA).to_dict(),
-        config=RecoveryConfig(restart_budget=5),
+        config=RecoveryConfig(restart_budget=5, standby=args.standby),
         tick_s=0.1,
         probe_interval_s=0.5,
         probe_timeout_s=2.0,
         grace_s=1.0,
         call_timeout_s=60.0,
     )
+
+
+def _id(actor: Any) -> str:
+    return str(actor._actor_id.hex())
 
 
 def die() -> None:
@@ -75,7 +79,12 @@ def crash(args: argparse.Namespace) -> None:
     for v in range(1, PINNED + 1):
         sync(rt, v, pinned=v == PINNED).result(timeout=60)
     until(lambda: all(g.serving for g in rt.controller.groups().values()))
-    print(json.dumps({"boots": rt.launcher.boots, "start_s": start_s}), flush=True)
+    until(lambda: len([s for s in rt.controller.standbys().values() if s.ready]) == args.standby)
+    standby_actors = {
+        s: [_id(a) for a in rt.actors_table.of(s, 1)] for s in rt.controller.standbys()
+    }
+    print(json.dumps({"boots": rt.launcher.boots, "start_s": start_s,
+                      "standby_actors": standby_actors}), flush=True)  # fmt: skip
     if args.at == "sync":  # the weights of 3 reached the engines; nobody reported it
         rt.push(model(PINNED + 1), PINNED + 1)
         die()
@@ -121,6 +130,16 @@ def resume(args: argparse.Namespace) -> None:
     sync(rt, PINNED + 1).result(timeout=60)
     until(lambda: all(g.serving for g in rt.controller.groups().values()))
     served = {g: rt.generate(g, [1, 2, 3], 2).version for g in ("g0", "g1")}
+    standbys = {s: [v.state, v.version, [_id(a) for a in rt.actors_table.of(s, 1)]]
+                for s, v in rt.controller.standbys().items()}  # fmt: skip
+    claimed: list[str] = []
+    if args.standby:  # g0 dies: the standby that outlived the trainer takes its place
+        n = rt.controller.group("g0").incarnation + 1
+        rt.kill("g0")
+        until(lambda: rt.controller.group("g0").incarnation == n)
+        until(lambda: rt.controller.group("g0").serving)
+        claimed = [_id(a) for a in rt.actors_table.of("g0", n)]
+        served["g0 after its death"] = rt.generate("g0", [1, 2, 3], 2).version
     stats = rt.statistics()
     views = rt.controller.groups()
     # Each engine knows itself by the number the controller gives its process now.
@@ -140,6 +159,8 @@ def resume(args: argparse.Namespace) -> None:
         "boots": rt.launcher.boots,
         "served_before_sync": served_before_sync,
         "served": served,
+        "standbys": standbys,
+        "claimed": claimed,
         "incarnations": {g: v.incarnation for g, v in views.items()},
         "whoami": whoami,
         "dirs": dirs,
@@ -161,6 +182,7 @@ def main() -> None:
     p.add_argument("--journal", required=True)
     p.add_argument("--run", required=True)
     p.add_argument("--at", default="")
+    p.add_argument("--standby", type=int, default=0)
     args = p.parse_args()
     ray.init(address=args.address, log_to_driver=False, logging_level="ERROR")
     (crash if args.mode == "crash" else resume)(args)

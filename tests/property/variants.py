@@ -534,16 +534,43 @@ RESUME_VARIANTS = (
         scope="resume",
     ),
     Variant(
-        "standbys-survive-resume",
-        "Keeps the standbys through a resume, trusting what the dead runtime last heard "
-        "from them (a load it started never reports).",
+        "resume-trusts-standbys",
+        "Keeps the standbys through a resume as the dead runtime last heard of them, without "
+        "asking: a standby on the abandoned future's weights is claimed as current.",
         (
             (
-                f"{IN * 3}if sb.record.state not in STANDBY_FINAL:\n"
-                f"{IN * 4}self._fire_standby(sb, StandbyEvent.STOP)\n"
-                f'{IN * 4}self._emit(fx.StopStandby(sb.record.name, "resume"))\n'
-                f"{IN * 3}self._end_standby_start(sb)",
-                f"{IN * 3}if False:\n{IN * 4}self._end_standby_start(sb)",
+                f"{IN * 3}if s.state != StandbyState.RESUMING:  # else: its verification died "
+                "unanswered\n"
+                f"{IN * 4}self._fire_standby(sb, StandbyEvent.RESUME)\n",
+                f"{IN * 3}if s.state != StandbyState.RESUMING:  # else: its verification died "
+                "unanswered\n"
+                f"{IN * 4}continue\n",
+            ),
+        ),
+        scope="resume",
+    ),
+    Variant(
+        "standby-answer-without-deadline",
+        "Waits for a resuming standby's answer for ever: one that hangs holds its place in "
+        "the pool (and any lease it had) and no standby replaces it.",
+        (
+            (
+                f"{IN * 3}elif s.state == StandbyState.RESUMING and waited >= c.deadline",
+                f"{IN * 3}elif False and waited >= c.deadline",
+            ),
+        ),
+        scope="resume",
+    ),
+    Variant(
+        "standby-lease-dropped-at-resume",
+        "Ends a resuming standby's load with the resume: the checkpoint it still reads loses "
+        "its lease and is deleted under it.",
+        (
+            (
+                f'{IN * 3}self.starts[(s.name, 1)] = Start("verify", None if start is None '
+                "else start.lease)\n",
+                f"{IN * 3}self._end_standby_start(sb)\n"
+                f'{IN * 3}self.starts[(s.name, 1)] = Start("verify", None)\n',
             ),
         ),
         scope="resume",

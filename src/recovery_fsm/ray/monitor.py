@@ -197,7 +197,8 @@ class HealthMonitor:
         for s, view in standbys.items():
             started = self._table.started_at(s, 1)
             actors = self._table.of(s, 1)
-            booted = view.state != "booting" and actors and started is not None
+            # A resuming one answers its verification, under that deadline, instead.
+            booted = view.state not in {"booting", "resuming"} and actors and started is not None
             if booted and now - started >= self.grace_s:  # type: ignore[operator]
                 pings[s] = [a.ping.remote() for a in actors]
         for s in [s for s in self._standby_misses if s not in standbys]:

@@ -173,7 +173,9 @@ class EffectRunner:
                 self._queue(f"group:{g}", effect)
             case fx.StopStandby(standby=s):
                 kill(self._table.take_standby(s))
-            case fx.StartStandby(standby=s) | fx.LoadStandby(standby=s):
+            case fx.StartStandby(standby=s) | fx.LoadStandby(standby=s) | fx.VerifyStandby(
+                standby=s
+            ):
                 if isinstance(effect, fx.StartStandby):
                     self._table.standby_boot_queued(s)
                 self._queue(f"standby:{s}", effect)
@@ -262,6 +264,18 @@ class EffectRunner:
                 else:
                     kill(self._table.take(g, inc))
                     self._reporter.report(ev.GroupFailed, group=g, incarnation=inc,
+                                          reason=f"not verified: {error}")  # fmt: skip
+            case fx.VerifyStandby(standby=s):
+                try:
+                    held, error = self._verify(s, 1)
+                except Exception as err:
+                    log.exception("verifying %r raised", effect)
+                    held, error = None, f"{type(err).__name__}: {err}"[:500]
+                if error is None:
+                    self._reporter.report(ev.StandbyVerified, standby=s, version=held)
+                else:
+                    kill(self._table.take_standby(s))
+                    self._reporter.report(ev.StandbyFailed, standby=s,
                                           reason=f"not verified: {error}")  # fmt: skip
             case fx.StartStandby(standby=s) | fx.LoadStandby(standby=s):
                 try:
@@ -379,10 +393,11 @@ class EffectRunner:
         return admission.push_refusal(canary, gate, answers)
 
     def _verify(self, g: str, inc: int) -> tuple[int | None, str | None]:
-        """What a process that outlived the trainer holds, checked against that version's
-        record (the push's or its checkpoint's manifest): (version, None), or (None, why it
-        cannot be trusted). Asked behind any load it still runs. Weights no record vouches
-        for count as none: the controller then loads C(v) into it or waits for a push."""
+        """What a process (a standby: incarnation 1) that outlived the trainer holds, checked
+        against that version's record (the push's or its checkpoint's manifest): (version,
+        None), or (None, why it cannot be trusted). Asked behind any load it still runs.
+        Weights no record vouches for count as none: the controller then loads C(v) into it
+        or waits for a push."""
         answers = self._launcher.ask(g, inc, lambda a: (a.booted.remote(), a.weights.remote()))
         if isinstance(answers, BootFailed):
             return None, answers.reason

@@ -98,11 +98,14 @@ class Resumption:
     adopted: tuple[str, ...]  # groups whose surviving process serves again without a reboot
     reloaded: tuple[str, ...]  # ... that load C(v) (or wait for a push): they held another version
     restarted: tuple[str, ...]  # groups whose process was gone or failed its check
-    killed: int  # surviving engines not of any group's current process (standbys, orphans)
+    killed: int  # surviving engines of no group's current process and no standby (orphans)
     removed_dirs: tuple[str, ...]  # temporaries, untracked checkpoints newer than v (from the
     # store: and older ones not pinned)
-    settled: bool  # every group answered and the future's checkpoints were gone in time
+    settled: bool  # every group and standby answered, the future's checkpoints gone, in time
     rebuilt_from: str = "journal"  # or "store": there was no journal to rebuild from
+    # Standbys whose surviving engine is kept (answered, or loading C(v) since); from the
+    # store none: they are killed and booted again.
+    standbys: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -275,8 +278,9 @@ class RecoveryRuntime:
         cut and reported), the run's engines that survived are found in its namespace, and
         ``Resumed`` decides: a process holding ``version`` serves again without a reboot, one
         holding another loads C(v) in place (or waits for the next push), a missing one
-        restarts; standbys and orphans are killed, the future's checkpoints deleted. Returns
-        once every group answered and came to rest (serving, or waiting for a push), traffic
+        restarts; a surviving standby is asked likewise (kept current, or loads C(v); no
+        boot), orphans are killed, the future's checkpoints deleted. Returns once every
+        group and standby answered and came to rest (serving, or waiting for a push), traffic
         reaches those serving and those checkpoints are gone (or ``settle_timeout_s``
         passed). ``options``: the constructor's (groups, model_config, engine, ...).
 
@@ -284,7 +288,8 @@ class RecoveryRuntime:
         controller from the checkpoint store instead, and journals afresh to ``journal`` if a
         path is given (only once ``Resumed`` was sent: a crash before leaves no journal that
         a second resume would trust). Nothing of the run's history is known then: each
-        group's newest surviving process is taken as its incarnation 1, C(v) as the recovery
+        group's newest surviving process is taken as its incarnation 1 (standbys are killed
+        and booted again), C(v) as the recovery
         source, ``pinned`` as the versions the trainer pinned (C(v) stays pinned; older ones
         stay on disk, the trainer's to delete), and every other committed checkpoint is
         deleted; restart budgets start full. It is never chosen for you: a journal missing
@@ -459,15 +464,16 @@ class RecoveryRuntime:
         if store_pins is not None:
             found, strays = self._reconstruct(version, store_pins, found)
             doomed += strays
-        groups = self.controller.groups()
+        groups, standbys = self.controller.groups(), self.controller.standbys()
         kept: dict[tuple[str, int], list[Any]] = {}
         for (g, inc), actors in found.items():
             view = groups.get(g)
             alive = view is not None and view.incarnation == inc and view.state not in {
                 "retired", "stopped", "failed", "awaiting_checkpoint"
             }  # fmt: skip
+            alive |= g in standbys and inc == 1  # asked what it holds, as a group is
             (kept.setdefault((g, inc), []) if alive else doomed).extend(actors)
-        kill(doomed)  # before Resumed: what is not a group's current process must be gone
+        kill(doomed)  # before Resumed: what is not a group's or a standby's process must go
         for (g, inc), actors in kept.items():
             kill(self.actors_table.replace(g, inc, actors))
         scan = self.store.scan()  # removes orphaned temporaries
@@ -500,6 +506,7 @@ class RecoveryRuntime:
                 all(v.state not in moving for v in views)
                 and all(routes.get(v.name) is not None for v in views if v.serving)
                 and all(c <= version for c in self.controller.checkpoints())
+                and all(s.state != "resuming" for s in self.controller.standbys().values())
             )
 
         ok = self.reporter.wait(settled, settle_s)
@@ -508,6 +515,12 @@ class RecoveryRuntime:
         reloaded: list[str] = []
         restarted: list[str] = []
         survived = {_actor_id(a): g for (g, _), actors in kept.items() for a in actors}
+        kept_standbys = tuple(
+            s for s in sorted(self.controller.standbys())
+            if (s, 1) in kept
+            and {_actor_id(a) for a in self.actors_table.of(s, 1)}
+            == {_actor_id(a) for a in kept[(s, 1)]}
+        )  # fmt: skip
         for g, view in sorted(after.items()):
             if view.state in {"retired", "stopped"}:
                 continue
@@ -520,7 +533,8 @@ class RecoveryRuntime:
                 reloaded.append(g)  # the same process, renumbered by a load in place
         return Resumption(version, torn, replayed, tuple(adopted), tuple(reloaded),
                           tuple(restarted), len(doomed), tuple(removed), ok,
-                          "journal" if store_pins is None else "store")  # fmt: skip
+                          "journal" if store_pins is None else "store",
+                          kept_standbys)  # fmt: skip
 
     def start(self, model: Any) -> None:
         """Boot every group with ``model``'s weights (``initial_version``), then watch."""

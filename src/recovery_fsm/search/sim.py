@@ -42,6 +42,7 @@ _DUPLICABLE = (
     ev.RelaunchFailed,
     ev.CheckpointDeleted,
     ev.GroupVerified,
+    ev.StandbyVerified,
     ev.StandbyBooted,
     ev.StandbyLoaded,
     ev.StandbyFailed,
@@ -249,7 +250,9 @@ class Sim:
             out += [Action(SCHEDULER, k, n) for k in ("standby_booted", "standby_boot_fails")]
         for g, i in sorted(w.loads):
             if g in w.spares:
-                out += [Action(SCHEDULER, k, g) for k in ("standby_loaded", "standby_load_fails")]
+                if not w.loads[(g, i)].resumed:  # else its answer reports it
+                    kinds = ("standby_loaded", "standby_load_fails")
+                    out += [Action(SCHEDULER, k, g) for k in kinds]
             elif not w.loads[(g, i)].resumed:
                 out += [Action(SCHEDULER, k, f"{g}#{i}") for k in ("loaded", "load_fails")]
             elif w.procs[g].incarnation != i or not w.procs[g].verifying:
@@ -259,6 +262,11 @@ class Sim:
                 answers = w.answer(g) != "gone"
                 out += [Action(SCHEDULER, "verified", g)] if answers else []
                 out.append(Action(SCHEDULER, "verify_fails", g))
+        for n, spare in sorted(w.spares.items()):
+            if spare.verifying:  # also after a kill: the answer ends what it owed
+                answers = w.spare_answer(n) != "gone"
+                out += [Action(SCHEDULER, "standby_verified", n)] if answers else []
+                out.append(Action(SCHEDULER, "standby_verify_fails", n))
         for g, i in sorted(w.relaunches):
             if not w.procs[g].verifying:
                 out += [Action(SCHEDULER, k, f"{g}#{i}") for k in ("relaunched", "relaunch_fails")]
@@ -291,7 +299,12 @@ class Sim:
             | {
                 s.since + spare_limits[s.status] - self.now
                 for s in w.spares.values()
-                if s.status in spare_limits
+                if s.status in spare_limits and not s.verifying
+            }
+            | {
+                s.since + c.deadline("load") - self.now
+                for s in w.spares.values()
+                if s.verifying and s.status in {"booting", "up", "loading"}
             }
             | aging
         )
@@ -309,7 +322,10 @@ class Sim:
         return [g for g, p in self.world.procs.items() if p.status == "up" and not p.verifying]
 
     def _up_spares(self) -> list[str]:
-        return sorted(n for n, s in self.world.spares.items() if s.status == "up")
+        """Standbys a push reaches: up, and answered since any resume."""
+        return sorted(
+            n for n, s in self.world.spares.items() if s.status == "up" and not s.verifying
+        )
 
     def _pinnable(self) -> list[int]:
         w = self.world
@@ -359,6 +375,12 @@ class Sim:
                 return ev.StandbyLoaded(t, w.loads[(t, 1)].version, at=now)
             if k in {"standby_boot_fails", "standby_load_fails", "standby_dies"}:
                 return ev.StandbyFailed(t, reason=k.removeprefix("standby_"), at=now)
+            if k == "standby_verified":
+                held = w.spare_answer(t)
+                assert held != "gone"
+                return ev.StandbyVerified(t, held if isinstance(held, int) else None, at=now)
+            if k == "standby_verify_fails":
+                return ev.StandbyFailed(t, reason="no answer since the resume", at=now)
         if isinstance(t, str) and "#" in t:
             g, i = _proc(t)
             if k == "loaded":
@@ -538,6 +560,10 @@ class Sim:
         for g, p in sorted(w.procs.items()):  # before loads: a resumed load ends by its answer
             if p.verifying:
                 return Action(SCHEDULER, "verified" if w.answer(g) != "gone" else "verify_fails", g)
+        for n, spare in sorted(w.spares.items()):
+            if spare.verifying:
+                gone = w.spare_answer(n) == "gone"
+                return Action(SCHEDULER, "standby_verify_fails" if gone else "standby_verified", n)
         for g, i in sorted(w.loads):
             if g in w.spares:
                 return Action(SCHEDULER, "standby_loaded", g)
@@ -599,9 +625,9 @@ class Sim:
             "disk": sorted(w.disk.items()),
             "deleting": sorted(w.deleting.items()),
             "spares": {
-                n: [s.status, s.holds, s.ever_current, self.now - s.since]
+                n: [s.status, s.holds, s.ever_current, s.verifying, self.now - s.since]
                 for n, s in sorted(w.spares.items())
-                if s.status in {"booting", "up", "loading"}
+                if s.status in {"booting", "up", "loading"} or s.verifying
             },
             "boots": sorted(w.boots),
             "failed_boots": [w.failed_boots, w.exhausted],

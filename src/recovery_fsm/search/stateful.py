@@ -72,7 +72,16 @@ EXPORT = frozenset({"export"})
 SYNC = frozenset({"sync"})
 FAILURES = frozenset({"fail"})
 COMPLETIONS = frozenset(
-    {"commit", "loaded", "relaunched", "deleted", "standby_booted", "standby_loaded", "verified"}
+    {
+        "commit",
+        "loaded",
+        "relaunched",
+        "deleted",
+        "standby_booted",
+        "standby_loaded",
+        "verified",
+        "standby_verified",
+    }
 )
 MISHAPS = frozenset(
     {
@@ -86,6 +95,7 @@ MISHAPS = frozenset(
         "standby_dies",
         "verify_fails",
         "late_verified",
+        "standby_verify_fails",
     }
 )
 RESUME = frozenset({"resume"})

@@ -44,6 +44,8 @@ class Spare:
     holds: int | None = None
     since: float = 0.0
     ever_current: bool = False  # it held the fleet's weights once
+    # Since the trainer resumed it owes its answer (kept after a kill until that comes).
+    verifying: bool = False
 
 
 @attrs.define
@@ -140,6 +142,8 @@ class World:
             self._sync(e)
         elif isinstance(e, (ev.StandbyBooted, ev.StandbyLoaded, ev.StandbyFailed)):
             self._standby_event(e, out)
+        elif isinstance(e, ev.StandbyVerified):
+            self._standby_verified(e, out)
         elif isinstance(e, ev.ExportStarted):
             self.exports[e.version] = Export(e.pinned)
             self.started.add(e.version)
@@ -221,10 +225,15 @@ class World:
         self.gone = {x: s for x, s in latest if x <= v}
         self.deleting.clear()  # asked of the dead runtime: the controller must ask again
         for name, s in self.spares.items():
-            if s.status in {"booting", "up", "loading"}:
-                s.status, s.holds = "stopped", None
-            self.loads.pop((name, 1), None)
-        self.boots.clear()
+            s.verifying = s.status in {"booting", "up", "loading"}
+            load = self.loads.get((name, 1))
+            if not s.verifying:
+                self.loads.pop((name, 1), None)  # killed before the event
+                continue
+            s.since = e.at
+            if load is not None:
+                load.resumed = True  # it goes on; the answer reports it
+        self.boots.clear()  # a boot goes on too; the answer reports it
         for (g, i), load in list(self.loads.items()):
             p = self.procs.get(g)
             if p is None:
@@ -251,6 +260,26 @@ class World:
                 return load.version if load is not None else "gone"
             return self.disk.get(load.path, "gone")
         return p.holds if p.status == "up" else None
+
+    def spare_answer(self, name: str) -> int | str | None:
+        """What a verifying standby would answer (as ``answer`` does for a group)."""
+        s = self.spares[name]
+        load = self.loads.get((name, 1))
+        if load is not None and load.path is not None:
+            return self.disk.get(load.path, "gone")
+        return s.holds if s.status == "up" else None
+
+    def _standby_verified(self, e: ev.StandbyVerified, out: list[str]) -> None:
+        s = self.spares[e.standby]
+        load = self.loads.pop((e.standby, 1), None)
+        verifying, s.verifying = s.verifying, False
+        if not verifying or s.status not in {"booting", "up", "loading"}:
+            return  # killed or stopped since: the answer only ends what it owed
+        if load is not None and load.path is not None and load.path not in self.disk:
+            out.append(f"standby {e.standby} finished loading {load.path}, not on disk")
+        ahead = e.version is not None and e.version > self.fleet
+        s.status, s.holds, s.since = "up", None if ahead else e.version, e.at
+        self._current(s)
 
     def _verified(self, e: ev.GroupVerified, out: list[str]) -> None:
         p = self.procs[e.group]
@@ -318,6 +347,7 @@ class World:
         else:
             self.loads.pop((e.standby, 1), None)
             self.boots.discard(e.standby)
+            s.verifying = False
             if s.status in {"booting", "up", "loading"}:
                 self._lose(s)
 
@@ -407,6 +437,11 @@ class World:
             self._load_standby(f, out)
         elif isinstance(f, fx.StopStandby):
             self._stop_standby(f, out)
+        elif isinstance(f, fx.VerifyStandby):
+            s = self.spares.get(f.standby)
+            if s is None or not s.verifying:
+                status = "never started" if s is None else s.status
+                out.append(f"verification of standby {f.standby}, which is {status}")
         elif isinstance(f, fx.VerifyGroup):
             p = self.procs[f.group]
             if not p.verifying or p.incarnation != f.incarnation:
@@ -443,6 +478,8 @@ class World:
     def _load_standby(self, f: fx.LoadStandby, out: list[str]) -> None:
         s = self.spares[f.standby]
         self._check_path(f"standby {f.standby}", f.path, f.version, out)
+        if s.verifying:
+            out.append(f"standby {f.standby} asked to load C({f.version}) before it answered")
         if s.status != "up" or s.holds == self.fleet:
             out.append(
                 f"standby {f.standby} asked to load C({f.version}) while {s.status} "
@@ -453,16 +490,12 @@ class World:
 
     def _stop_standby(self, f: fx.StopStandby, out: list[str]) -> None:
         s = self.spares[f.standby]
-        if f.reason == "resume":
-            if s.status != "stopped":
-                out.append(f"standby {f.standby} stopped for a resume while {s.status}")
-            return
         if f.reason == "shutdown":
             if not self.closed:
                 out.append(f"standby {f.standby} stopped before shutdown")
             s.status = "stopped"
             return
-        if s.status not in {"booting", "loading"}:
+        if s.status not in {"booting", "loading"} and not s.verifying:
             out.append(f"standby {f.standby} killed for a {f.reason} while {s.status}")
         self._lose(s)
 
@@ -473,6 +506,8 @@ class World:
         if s is None or s.status not in {"up", "loading"}:
             status = "never started" if s is None else s.status
             out.append(f"group {f.group} claims standby {f.standby}, which is {status}")
+        if s is not None and s.verifying:
+            out.append(f"group {f.group} claims standby {f.standby}, unverified since the resume")
         if s is not None and f.path is None:
             if s.holds != self.fleet or f.version != s.holds:
                 out.append(
@@ -514,7 +549,7 @@ class World:
 
     def _holds_current(self, name: str) -> bool:
         s = self.spares[name]
-        return s.status == "up" and s.holds == self.fleet
+        return s.status == "up" and s.holds == self.fleet and not s.verifying
 
     def _check_no_better_standby(self, group: str, what: str, out: list[str], loads: bool) -> None:
         """A restart while a standby would have served sooner: one holding the fleet's version,
@@ -524,7 +559,7 @@ class World:
             if self._holds_current(name):
                 out.append(f"{what} of group {group} though standby {name} is current")
                 return
-            if loads and s.status in {"up", "loading"}:
+            if loads and s.status in {"up", "loading"} and not s.verifying:
                 out.append(f"{what} of group {group} though standby {name} could load C(v)")
                 return
 
@@ -682,6 +717,8 @@ class World:
         spare_limits = {"booting": c.deadline("relaunch"), "loading": c.deadline("load")}
         for name, s in self.spares.items():
             limit = spare_limits.get(s.status)
+            if s.verifying and s.status in {"booting", "up", "loading"}:
+                limit = c.deadline("load")  # its answer's deadline, whatever it was doing
             if limit is not None and self.now - s.since >= limit:
                 waited = self.now - s.since
                 out.append(f"standby {name} is {s.status} {waited:g} s, past its {limit:g} s")
@@ -701,12 +738,15 @@ class World:
             expected = {"booting": "booting", "loading": "loading"}.get(s.status) or (
                 "ready" if s.holds == self.fleet else "stale"
             )
+            if s.verifying:
+                expected = "resuming"
             if view.state != expected:
                 out.append(
                     f"standby {name} is {view.state}; its engine is {s.status} holding "
                     f"version {s.holds}, fleet {self.fleet}"
                 )
-            if s.status == "up" and s.holds != self.fleet and self._current_ready():
+            stale = s.status == "up" and s.holds != self.fleet and not s.verifying
+            if stale and self._current_ready():
                 out.append(
                     f"standby {name} holds version {s.holds} though C({self.fleet}) is "
                     "committed: it should load it in place"
@@ -734,7 +774,10 @@ class World:
     @property
     def quiescent(self) -> bool:
         """Nothing outstanding in the real world: no write, load, relaunch or delete."""
-        return not (self.exports or self.deleting or self.loads or self.relaunches or self.boots)
+        answers = any(s.verifying for s in self.spares.values())
+        return not (
+            self.exports or self.deleting or self.loads or self.relaunches or self.boots or answers
+        )
 
     def check(self, c: RecoveryController) -> list[str]:
         out: list[str] = []
