@@ -168,6 +168,15 @@ def test_a_standby_that_did_not_survive_is_replaced() -> None:
     assert of(effects, StartStandby) == [StartStandby("standby-2")]
 
 
+def test_a_standby_lost_before_it_answers_is_no_failed_boot() -> None:
+    """Its boot was the dead runtime's: with a boot budget of one, the pool still refills."""
+    d = ran_to(1, standby=1, standby_boot_budget=1)  # its boot is in flight, never ready
+    d.send(ev.Resumed, 1)
+    effects = d.send(ev.StandbyFailed, "standby-1", reason="never booted")
+    assert of(effects, StartStandby) == [StartStandby("standby-2")]
+    assert d.c.pool_state == "filling"
+
+
 def test_bad_standby_answers_are_refused_and_change_nothing() -> None:
     d = standby_holding(1)
     before = d.c.snapshot()

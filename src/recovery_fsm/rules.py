@@ -76,7 +76,8 @@ One line per event (``on_<Event>`` below, in this order):
 * StandbyLoaded(s)          its load in place finished (the lease is released): current, it
   is offered to a group awaiting a checkpoint; stale, it catches up again.
 * StandbyFailed(s)          it is lost (its lease, if loading, ends with it); lost before it
-  ever held the fleet's weights, it counts against the pool's boot budget.
+  ever held the fleet's weights (and not while resuming), it counts against the pool's boot
+  budget.
 * StandbyVerified(s, v')    a resuming standby answered holding v' (weights above the fleet's
   count as none): its start ends (and its lease); current, it is offered to a group
   awaiting a checkpoint; stale, it catches up.
@@ -860,14 +861,16 @@ class Rules:
     def _lose_standby(self, sb: StandbySlot, kill: str | None = None) -> None:
         """The standby is gone (``kill``: the controller decided so and stops it; its start
         stays until its outcome arrives). Lost before it ever held the fleet's weights, it
-        is a failed boot of the pool."""
+        is a failed boot of the pool; not while resuming: what it was booting died with the
+        trainer that asked for it."""
         s = sb.record
+        resuming = s.state == StandbyState.RESUMING
         if kill is None:
             self._end_standby_start(sb)
         self._fire_standby(sb, StandbyEvent.FAIL)
         if kill is not None:
             self._emit(fx.StopStandby(s.name, kill))
-        if not s.ever_ready:
+        if not s.ever_ready and not resuming:
             self.pool.record.failed_boots += 1
             self._fire(self.pool.machine, Label.of(Label.POOL, "standby"), PoolEvent.BOOT_FAILED)
         self._forget_standby(sb)

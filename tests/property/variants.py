@@ -562,6 +562,13 @@ RESUME_VARIANTS = (
         scope="resume",
     ),
     Variant(
+        "resume-loss-is-a-failed-boot",
+        "Counts a standby lost before it answered the resume as a failed boot: standbys the "
+        "dead trainer was booting exhaust the pool of the run that resumes.",
+        ((f"{IN * 2}if not s.ever_ready and not resuming:", f"{IN * 2}if not s.ever_ready:"),),
+        scope="resume",
+    ),
+    Variant(
         "standby-lease-dropped-at-resume",
         "Ends a resuming standby's load with the resume: the checkpoint it still reads loses "
         "its lease and is deleted under it.",

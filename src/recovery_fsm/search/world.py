@@ -347,12 +347,14 @@ class World:
         else:
             self.loads.pop((e.standby, 1), None)
             self.boots.discard(e.standby)
-            s.verifying = False
+            resuming, s.verifying = s.verifying, False
             if s.status in {"booting", "up", "loading"}:
-                self._lose(s)
+                self._lose(s, boot_failed=not resuming)
 
-    def _lose(self, s: Spare) -> None:
-        if not s.ever_current:
+    def _lose(self, s: Spare, boot_failed: bool = True) -> None:
+        """Gone; before it ever held the fleet's weights, a failed boot (``boot_failed``:
+        not one the dead trainer's runtime started, lost before it answered)."""
+        if not s.ever_current and boot_failed:
             self.failed_boots += 1
             self.exhausted |= self.failed_boots >= self.config.standby_boot_budget
         s.status, s.holds = "lost", None
@@ -497,7 +499,7 @@ class World:
             return
         if s.status not in {"booting", "loading"} and not s.verifying:
             out.append(f"standby {f.standby} killed for a {f.reason} while {s.status}")
-        self._lose(s)
+        self._lose(s, boot_failed=not s.verifying)
 
     def _claim(self, f: fx.ClaimStandby, out: list[str]) -> None:
         """A failed group takes a standby: one that runs and nobody took, current as it is,
@@ -762,6 +764,11 @@ class World:
         )
         if not self.closed and not exhausted and not full:
             out.append(f"standbys {alive} alive; the pool's size is {self.config.standby}")
+        counted = c.rules.pool.record.failed_boots
+        if counted != self.failed_boots:  # the count decides when the pool gives up
+            out.append(
+                f"the pool counts {counted} failed boots in a row, expected {self.failed_boots}"
+            )
         if self.config.standby and not self.closed:
             expected_pool = "exhausted" if exhausted else "filling"
             if c.pool_state != expected_pool:
