@@ -140,6 +140,21 @@ def test_a_standby_loading_the_future_keeps_its_lease_then_loads_c_v() -> None:
     assert of(effects, LoadStandby) == [LoadStandby("standby-1", 1, "/ckpt/step-1")]
 
 
+def test_the_abandoned_future_is_none_even_once_the_fleet_reaches_its_number() -> None:
+    """The new run syncs 2 and 3 before the standby (behind its load of the old C(3)) and g1
+    answer: what they hold is the dead run's 3, never what the new run calls 3."""
+    d = ran_to(3, standby=1)
+    d.send(ev.StandbyBooted, "standby-1")  # loads C(3)
+    d.send(ev.Resumed, 1)
+    d.send(ev.GroupVerified, "g0", 1, 1)
+    d.sync(2)
+    d.sync(3)
+    d.send(ev.StandbyVerified, "standby-1", 3)
+    d.send(ev.GroupVerified, "g1", 1, 3)
+    assert d.c.standbys()["standby-1"].state == "stale"
+    assert d.c.group_state("g1") == "pending_weights"
+
+
 def test_a_standby_whose_boot_died_with_the_trainer_loads_c_v_once_it_answers() -> None:
     d = ran_to(1, standby=1)  # its boot is in flight
     assert of(d.send(ev.Resumed, 1), VerifyStandby) == [VerifyStandby("standby-1")]

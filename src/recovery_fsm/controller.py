@@ -425,6 +425,7 @@ class RecoveryController:
                 },
                 "pool": attrs.asdict(r.pool.record),
                 "standby_serial": r.standby_serial,
+                "resumed_at": r.resumed_at,
             }
 
     def check_invariants(self) -> list[str]:

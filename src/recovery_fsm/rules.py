@@ -213,6 +213,9 @@ class Rules:
         # A sync announced the fleet's version (its export follows, with export_every_sync);
         # not so for the first version, nor for the one a trainer resumed at.
         self.announced = False
+        # The version the trainer last resumed at: a resuming process gets no push of the
+        # new run, so weights it answers holding above it are the abandoned future's.
+        self.resumed_at: int | None = None
         self.closed = False
         self.checkpoints: dict[int, CheckpointSlot] = {}
         self.finished: dict[int, str] = {}  # versions whose checkpoint reached a final state
@@ -432,7 +435,7 @@ class Rules:
             )
 
     def on_Resumed(self, e: ev.Resumed, _: None) -> None:
-        v = self.fleet.version = e.version
+        v = self.fleet.version = self.resumed_at = e.version
         self.announced = False  # nobody exports v again: a failure does not wait for it
         for ck in list(self.checkpoints.values()):
             rec = ck.record
@@ -640,10 +643,9 @@ class Rules:
         if g is None:
             return
         self._end_start(g)  # what it was loading when the trainer died has finished
-        # Weights above the fleet's are of the future a resume abandoned: not the weights a
-        # re-run gives that number, so they count as none.
-        ahead = e.version is not None and e.version > self.fleet.version
-        g.record.version = None if ahead else e.version
+        # Weights of the future a resume abandoned are not the weights a re-run gives that
+        # number (even once the fleet reached it again): they count as none.
+        g.record.version = None if self._abandoned(e.version) else e.version
         self._fire_group(g, GroupEvent.VERIFIED)  # serves, or holds stale weights
         if g.record.state == GroupState.PENDING_WEIGHTS:
             self._catch_up(g)
@@ -758,8 +760,7 @@ class Rules:
         if sb is None:
             return
         self._end_standby_start(sb)  # what it was booting or loading has finished
-        ahead = e.version is not None and e.version > self.fleet.version  # the abandoned future
-        sb.record.version = None if ahead else e.version
+        sb.record.version = None if self._abandoned(e.version) else e.version
         self._fire_standby(sb, StandbyEvent.VERIFIED)  # current, or stale
         if sb.record.state == StandbyState.STALE:
             self._catch_up_standby(sb)
@@ -767,6 +768,10 @@ class Rules:
             for g in self._awaiting():  # offered as a load that finished is
                 if not self._claim_ready(g):
                     break
+
+    def _abandoned(self, version: int | None) -> bool:
+        """An answer's weights are of the future the last resume abandoned."""
+        return version is not None and self.resumed_at is not None and version > self.resumed_at
 
     def _fail(self, g: GroupSlot, kill: str | None = None) -> None:
         """The group is down (``kill``: the controller decided so, and its process must be

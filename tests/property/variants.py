@@ -562,6 +562,19 @@ RESUME_VARIANTS = (
         scope="resume",
     ),
     Variant(
+        "abandoned-answer-trusted-later",
+        "Takes an answer as the abandoned future's only while it is above the fleet: once the "
+        "new run synced that number again, the dead run's weights pass as current.",
+        (
+            (
+                f"{IN * 2}return version is not None and self.resumed_at is not None and "
+                "version > self.resumed_at",
+                f"{IN * 2}return version is not None and version > self.fleet.version",
+            ),
+        ),
+        scope="resume",
+    ),
+    Variant(
         "resume-loss-is-a-failed-boot",
         "Counts a standby lost before it answered the resume as a failed boot: standbys the "
         "dead trainer was booting exhaust the pool of the run that resumes.",

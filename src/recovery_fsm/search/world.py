@@ -115,6 +115,7 @@ class World:
     # A sync announced the fleet's version: its export follows (not so for the first version
     # nor for the one a trainer resumed at, which nobody exports again).
     announced: bool = False
+    resumed_at: int | None = None  # the version of the last resume
 
     # -- what happened -------------------------------------------------------------------
 
@@ -210,7 +211,7 @@ class World:
     def _resumed(self, e: ev.Resumed) -> None:
         """The trainer restarted at ``e.version``; the runtime that ran everything in flight
         died, and the new one killed every process that is not a group's current one."""
-        v = self.fleet = e.version
+        v = self.fleet = self.resumed_at = e.version
         self.announced = False
         for x in self.exports:  # their writers died: only temporary files are left
             self.gone[x] = frozenset({"failed", "discarded"})
@@ -277,8 +278,7 @@ class World:
             return  # killed or stopped since: the answer only ends what it owed
         if load is not None and load.path is not None and load.path not in self.disk:
             out.append(f"standby {e.standby} finished loading {load.path}, not on disk")
-        ahead = e.version is not None and e.version > self.fleet
-        s.status, s.holds, s.since = "up", None if ahead else e.version, e.at
+        s.status, s.holds, s.since = "up", None if self._abandoned(e.version) else e.version, e.at
         self._current(s)
 
     def _verified(self, e: ev.GroupVerified, out: list[str]) -> None:
@@ -292,9 +292,13 @@ class World:
             if load is not None and load.path is not None and load.path not in self.disk:
                 out.append(f"group {e.group} finished loading {load.path}, which is not on disk")
         self.relaunches.discard((e.group, e.incarnation))
-        # Weights numbered above the fleet are the abandoned future's: none, for the rules.
-        ahead = e.version is not None and e.version > self.fleet
-        p.status, p.holds, p.since, p.verifying = "up", None if ahead else e.version, e.at, False
+        # Weights numbered above the resume's are the abandoned future's (no push reaches an
+        # unverified process): none, for the rules, even once the fleet reached that number.
+        held = None if self._abandoned(e.version) else e.version
+        p.status, p.holds, p.since, p.verifying = "up", held, e.at, False
+
+    def _abandoned(self, version: int | None) -> bool:
+        return version is not None and self.resumed_at is not None and version > self.resumed_at
 
     def _sync(self, e: ev.WeightsSynced) -> None:
         old = self.fleet
