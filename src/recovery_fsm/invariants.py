@@ -122,7 +122,7 @@ def violations(rules: Rules) -> list[str]:
             out.append(f"standby {name!r} is ready on version {sr.version}, fleet is {fleet}")
     for (name, _), start in rules.starts.items():
         if start.kind in {"boot", "verify"} and name not in rules.standbys:
-            out.append(f"a boot of {name!r} is in flight for no standby")
+            out.append(f"a {start.kind} of {name!r} is in flight for no standby")
 
     # At most one export in flight, of the current version.
     exporting = sorted(v for v, ck in cks.items() if ck.record.state == CheckpointState.EXPORTING)

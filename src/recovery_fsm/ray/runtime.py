@@ -98,7 +98,7 @@ class Resumption:
     adopted: tuple[str, ...]  # groups whose surviving process serves again without a reboot
     reloaded: tuple[str, ...]  # ... that load C(v) (or wait for a push): they held another version
     restarted: tuple[str, ...]  # groups whose process was gone or failed its check
-    killed: int  # surviving engines of no group's current process and no standby (orphans)
+    killed: int  # surviving engines neither a group's current process nor a kept standby
     removed_dirs: tuple[str, ...]  # temporaries, untracked checkpoints newer than v (from the
     # store: and older ones not pinned)
     settled: bool  # every group and standby answered, the future's checkpoints gone, in time
