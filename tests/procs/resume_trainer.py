@@ -137,7 +137,8 @@ def resume(args: argparse.Namespace) -> None:
         n = rt.controller.group("g0").incarnation + 1
         rt.kill("g0")
         until(lambda: rt.controller.group("g0").incarnation == n)
-        until(lambda: rt.controller.group("g0").serving)
+        # Routed, not only serving: the route is applied on the effect thread just after.
+        until(lambda: (r := rt.routes.get("g0")) is not None and r[0] == n)
         claimed = [_id(a) for a in rt.actors_table.of("g0", n)]
         served["g0 after its death"] = rt.generate("g0", [1, 2, 3], 2).version
     stats = rt.statistics()
