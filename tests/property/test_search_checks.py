@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from variants import load
 
 from recovery_fsm import RecoveryController, Rules
 from recovery_fsm import events as ev
 from recovery_fsm.search import Scope, Sim
+from recovery_fsm.search.stateful import small_resume
 from recovery_fsm.state import CheckpointSlot, GroupSlot
 
 
@@ -194,3 +196,15 @@ def test_a_refusal_left_out_of_the_journal_is_a_finding() -> None:
     lax = Sim(host=load("journals-accepted-only"))
     found = lax.misuse(0)
     assert found and "left 0 journal records, not one" in found[0]
+
+
+def test_a_version_exported_again_after_a_resume_owes_its_own_delete_not_a_duplicate() -> None:
+    # The abandoned future's C(1) is deleted after the resume; the new run exports 1 again
+    # and its sync to 2 asks that C(1)'s delete: CheckpointDeleted(1) is owed, not repeated.
+    # (A fresh clone's random search took it for an accepted duplicate.)
+    sim = Sim(scope=attrs.evolve(small_resume(), resumes=2))
+    steps = ["export", "commit(0)", "sync", "export", "commit(1)", "resume(0)", "deleted(1)",
+             "verified(g0)", "standby_verified(standby-1)", "sync", "export", "commit(1)", "sync"]
+    assert _walk(sim, steps) == []
+    assert not [d for d in sim.delivered if isinstance(d, ev.CheckpointDeleted)]
+    assert all(sim.fork().duplicate(i) == [] for i in range(len(sim.delivered)))

@@ -31,6 +31,13 @@ from .world import World
 
 TRAINER, HEALTH, SCHEDULER = "trainer", "health", "scheduler"
 
+# Completions about a checkpoint, named by its version alone.
+_OF_A_CHECKPOINT = (
+    ev.ExportCommitted,
+    ev.ExportFailed,
+    ev.ExportCancelled,
+    ev.CheckpointDeleted,
+)
 # Completions that must be refused when delivered a second time.
 _DUPLICABLE = (
     ev.ExportCommitted,
@@ -453,6 +460,13 @@ class Sim:
             self.delivered.append(event)
         if isinstance(event, ev.Resumed):  # who reported them died: none comes again
             self.delivered = []
+        if isinstance(event, ev.ExportStarted):
+            # After a resume a version is exported again: its name is a new checkpoint's,
+            # and an old completion of it is the new one's own, owed, not a duplicate.
+            self.delivered = [
+                d for d in self.delivered
+                if not (isinstance(d, _OF_A_CHECKPOINT) and d.version == event.version)
+            ]  # fmt: skip
         journal = self._journaled(event, before)
         problems = self.world.observe(event, effects)
         problems += self.world.check(self.controller)
