@@ -40,14 +40,11 @@ _OF_A_CHECKPOINT = (
 )
 # Completions that must be refused when delivered a second time.
 _DUPLICABLE = (
-    ev.ExportCommitted,
-    ev.ExportFailed,
-    ev.ExportCancelled,
+    *_OF_A_CHECKPOINT,
     ev.RestartLoaded,
     ev.RestartLoadFailed,
     ev.Relaunched,
     ev.RelaunchFailed,
-    ev.CheckpointDeleted,
     ev.GroupVerified,
     ev.StandbyVerified,
     ev.StandbyBooted,
