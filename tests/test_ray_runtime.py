@@ -605,7 +605,7 @@ def test_a_broken_controller_stops_the_runtime_and_the_trainer_hears_of_it(
         assert rt.actors("g0", 2) == []  # the restart never ran
         step(model)
         for call in (lambda: rt.sync(model, 2), lambda: rt.push(model, 2),
-                     lambda: rt.synced(2, {}, model), lambda: rt.rollout([1])):  # fmt: skip
+                     lambda: rt.synced(2, {}, model), lambda: rt.rollout([[1]])):  # fmt: skip
             with pytest.raises(ControllerStopped) as stopped:
                 call()
             assert str(journal) in str(stopped.value) and "replay.rebuild" in str(stopped.value)
@@ -656,21 +656,28 @@ def dead(rt: RecoveryRuntime, group: str) -> None:
 
 
 def test_requests_go_only_to_serving_groups_and_move_on_when_one_dies(tmp_path: Path) -> None:
-    from recovery_fsm.ray import NoServingGroup, NotServing
+    from recovery_fsm.ray import NoServingGroup, NotServing, Policy, RolloutFailed
+
+    def groups(results: list[Any]) -> set[str]:
+        return {s.certificate.group for r in results for s in r.samples}
 
     model = trainer()
     with runtime(tmp_path) as rt:
         serving_v1(rt, model)
-        assert {rt.rollout([1, 2]).group for _ in range(4)} == {"g0", "g1"}  # round robin
+        assert groups(rt.rollout([[1, 2]] * 4)) == {"g0", "g1"}  # spread over both
         rt.monitor.stop()  # the death goes unnoticed: g0 stays routed
         dead(rt, "g0")
-        answers = [rt.rollout([1, 2]) for _ in range(4)]
-        assert {a.group for a in answers} == {"g1"}  # each request on g0 moved on to g1
+        answers = rt.rollout([[1, 2]] * 4)
+        assert groups(answers) == {"g1"}  # the call on g0 was issued again on g1
+        assert rt.statistics().rollouts.reissued >= 1
         with pytest.raises(NotServing, match="did not answer"):
             rt.generate("g0", [1])
         dead(rt, "g1")
         with pytest.raises(NoServingGroup):
-            rt.rollout([1])
+            rt.router.generate([1])
+        with pytest.raises(RolloutFailed, match="no serving group") as failed:
+            rt.rollout([[1], [2]], policy=Policy(deadline_s=2.0))
+        assert failed.value.prompts == (0, 1)
 
 
 def test_a_load_killed_at_its_deadline_releases_a_superseded_checkpoint_only_once_dead(

@@ -7,6 +7,15 @@ from .hosting import RecoveryControllerActor, RemoteController, RemoteLink
 from .monitor import HealthMonitor
 from .placement import SharedRootError, check_shared_root
 from .reporter import FailStop, Reporter
+from .rollouts import (
+    Certificate,
+    Policy,
+    PromptSamples,
+    RolloutCounters,
+    RolloutFailed,
+    RolloutInLoop,
+    Sample,
+)
 from .router import NoServingGroup, NotServing, TrafficRouter
 from .runner import EffectRunner
 from .runtime import (
@@ -18,20 +27,29 @@ from .runtime import (
     VersionNotAbove,
 )
 from .safety import SafetyCounters, SafetySnapshot
+from .sampling import BadSampling, Batch, EngineSample, EngineWedged, Sampling
+from .vllm_engine import VLLMEngine
 
 __all__ = [
     "ActorTable",
     "AlreadyStarted",
     "BadRuntimeInput",
+    "BadSampling",
+    "Batch",
     "BootFailed",
     "Booted",
+    "Certificate",
     "EffectRunner",
+    "EngineSample",
+    "EngineWedged",
     "FailStop",
     "Generation",
     "HealthMonitor",
     "Launcher",
     "NoServingGroup",
     "NotServing",
+    "Policy",
+    "PromptSamples",
     "RecoveryControllerActor",
     "RecoveryRuntime",
     "ReferenceEngine",
@@ -39,12 +57,18 @@ __all__ = [
     "RemoteLink",
     "Reporter",
     "Resumption",
+    "RolloutCounters",
     "RolloutEngine",
+    "RolloutFailed",
+    "RolloutInLoop",
     "SafetyCounters",
     "SafetySnapshot",
+    "Sample",
+    "Sampling",
     "SharedRootError",
     "Statistics",
     "TrafficRouter",
+    "VLLMEngine",
     "VersionNotAbove",
     "WeightsHeld",
     "check_shared_root",

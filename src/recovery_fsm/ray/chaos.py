@@ -17,7 +17,7 @@ def hangable(flags: str) -> type[ReferenceEngine]:
 
     class HangableEngine(ReferenceEngine):
         @ray.method(concurrency_group="health")
-        def ping(self) -> int | None:
+        def ping(self, stall_s: float | None = None) -> int | None:
             while os.path.exists(os.path.join(flags, self.group)):
                 time.sleep(0.05)
             return self.held.version

@@ -2,9 +2,12 @@
 
 The runtime talks to every engine process through these calls and reads nothing else:
 
-- ``ping()``: answers while the process is healthy (a probe; it runs beside a busy load)
-  with the weight version the engine itself says it holds (None: none). A serving engine
-  that answers another version than the controller believes (older, or none) has failed.
+- ``ping(stall_s)``: answers while the process is healthy (a probe; it runs beside a busy
+  load) with the weight version the engine itself says it holds (None: none). A serving
+  engine that answers another version than the controller believes (older, or none) has
+  failed. With ``stall_s`` the probe goes through the generation loop: a running batch must
+  have made a decoding step within ``stall_s`` (else ``EngineWedged``), and an idle engine
+  runs a one-token generation before it answers (a wedged forward pass never answers).
 - ``watch()``: never returns; it fails the moment the process dies, so death is noticed
   without polling.
 
@@ -22,6 +25,9 @@ behind a load.)
   ``incarnation`` (its generations say so from now on); answers what it holds.
 - ``canary(prompt, new_tokens)``: greedy tokens and their log-probabilities
   (``export.canary.Answer``): admission asks every engine, after every boot, load and push.
+- ``rollout(prompts, sampling)``: sample every prompt (``sampling.Sampling``) in one batch
+  and answer a ``sampling.Batch`` tagged with the version, group and incarnation it ran as;
+  ``abort()`` (in the ``health`` group) ends the running batch at its next step.
 - ``shutdown()``: release what it holds.
 
 How the serving engines map onto it (see the README): vLLM boots empty with
@@ -43,6 +49,7 @@ import ray
 import torch
 
 from ..export.canary import Answer, greedy
+from .sampling import Batch, EngineWedged, Loop, Sampling, hf_sample
 
 
 @attrs.frozen
@@ -64,7 +71,9 @@ class Generation:
 
 
 class RolloutEngine(Protocol):
-    def ping(self) -> int | None: ...
+    def ping(self, stall_s: float | None = None) -> int | None: ...
+    def rollout(self, prompts: list[list[int]], sampling: Sampling) -> Batch: ...
+    def abort(self) -> bool: ...
     def whoami(self) -> tuple[str, int]: ...
     def booted(self) -> bool: ...
     def watch(self) -> None: ...
@@ -93,13 +102,37 @@ class ReferenceEngine:
         self.held = WeightsHeld(None, None)
         self._lock = threading.Lock()  # boots, updates and generation run one at a time
         self._forever = threading.Event()
+        self._loop = Loop()
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
     @ray.method(concurrency_group="health")
-    def ping(self) -> int | None:
+    def ping(self, stall_s: float | None = None) -> int | None:
+        if stall_s is not None:
+            self._probe_loop(stall_s)
         return self.held.version
+
+    def _probe_loop(self, stall_s: float) -> None:
+        """Make the engine work: a running batch must be stepping; an idle engine runs one
+        forward pass of one token (a load in progress holds the lock: its own deadline
+        covers it)."""
+        stalled = self._loop.stalled(stall_s)
+        if stalled is not None:
+            raise EngineWedged(f"no decoding step for {stalled:.1f} s while a batch runs")
+        if self.model is None or not self._lock.acquire(blocking=False):
+            return
+        try:
+            with torch.no_grad():
+                self.model(input_ids=torch.tensor([[0]]))
+        finally:
+            self._lock.release()
+
+    @ray.method(concurrency_group="health")
+    def abort(self) -> bool:
+        """End the running batch at its next step (its unfinished samples are dropped);
+        False if none runs."""
+        return self._loop.abort()
 
     @ray.method(concurrency_group="health")
     def whoami(self) -> tuple[str, int]:
@@ -185,6 +218,21 @@ class ReferenceEngine:
                 out[0, len(prompt) :].tolist(), self.held.version, self.group, self.incarnation
             )
 
+    def rollout(self, prompts: list[list[int]], sampling: Sampling) -> Batch:
+        """Sample ``prompts`` in one batch at the version held now (a push waits for the
+        batch, or aborts it)."""
+        with self._lock:
+            if self.model is None:
+                raise RuntimeError("rollout before a boot")
+            self._loop.begin()
+            try:
+                eos = _eos_ids(self.model.generation_config)
+                samples = hf_sample(self.model, prompts, sampling, self._loop, eos)
+            finally:
+                self._loop.end()
+            return Batch(samples, self.held.version, self.group, self.incarnation,
+                         self._loop.steps)  # fmt: skip
+
     def shutdown(self) -> None:
         with self._lock:
             self.model = None
@@ -200,6 +248,13 @@ def _pad_id(generation: Any) -> int | None:
     if isinstance(eos, list):
         return int(eos[0]) if eos else None
     return None if eos is None else int(eos)
+
+
+def _eos_ids(generation: Any) -> list[int]:
+    eos = generation.eos_token_id
+    if eos is None:
+        return []
+    return [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
 
 
 def manifest_version(path: str) -> int:

@@ -160,7 +160,8 @@ class HealthMonitor:
             started = self._table.started_at(g, inc)
             actors = self._table.of(g, inc)
             if actors and started is not None and now - started >= self.grace_s:
-                pings[(g, inc)] = [a.ping.remote() for a in actors]
+                # Through the engine's loop: a wedged generation loop fails the probe.
+                pings[(g, inc)] = [a.ping.remote(self.probe_timeout_s) for a in actors]
         refs = [r for rs in pings.values() for r in rs]
         if not refs:
             return

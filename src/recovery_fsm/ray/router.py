@@ -13,6 +13,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import ray
 
@@ -22,6 +23,8 @@ from .actors import ActorTable
 from .engine import Generation
 
 log = logging.getLogger(__name__)
+
+_ADMISSIONS_KEPT = 8  # per group: enough for the batches still in flight across a few syncs
 
 UserRouter = Callable[[fx.RouteTraffic | fx.WithdrawTraffic], None]
 
@@ -51,6 +54,8 @@ class TrafficRouter:
         # The latest routing effect each group got: a retried older one is stale.
         self._latest: dict[str, fx.RouteTraffic | fx.WithdrawTraffic] = {}
         self._turn = itertools.count()
+        # group -> {(incarnation, version): journal step that admitted it}, a few kept.
+        self._admitted: dict[str, dict[tuple[int, int], int]] = {}
 
     def apply(self, effect: fx.RouteTraffic | fx.WithdrawTraffic, *, retry: bool = False) -> None:
         """Record a routing effect and hand it on. ``retry``: it failed before (the user's
@@ -87,6 +92,35 @@ class TrafficRouter:
 
         with self._applied:
             return self._applied.wait_for(lambda: all(reached(e) for e in routes), timeout)
+
+    def note(self, record: Mapping[str, Any]) -> None:
+        """Fold a journal record (the controller's sink calls this before the record's
+        effects run): a route, or a sync a routed process took, is an admission, numbered
+        by the record's step. A sample's certificate names it."""
+        if "error" in record or not isinstance(record.get("step"), int):
+            return
+        step, event = record["step"], record.get("event", {})
+        admitted = [
+            (e["group"], e["incarnation"], e["version"])
+            for e in record.get("effects", ())
+            if e.get("kind") == "RouteTraffic"
+        ]
+        if event.get("kind") == "WeightsSynced":
+            admitted += [(g, inc, event["version"]) for g, inc in event["groups"].items()]
+        if not admitted:
+            return
+        with self._lock:
+            for g, inc, version in admitted:
+                kept = self._admitted.setdefault(g, {})
+                kept.setdefault((int(inc), int(version)), step)
+                while len(kept) > _ADMISSIONS_KEPT:
+                    del kept[next(iter(kept))]
+
+    def admission(self, group: str, incarnation: int, version: int) -> int | None:
+        """The journal step that admitted ``group``'s process ``incarnation`` at
+        ``version``, if it was (and is among the last few of its group)."""
+        with self._lock:
+            return self._admitted.get(group, {}).get((incarnation, version))
 
     def advance(self, version: int, groups: Mapping[str, int]) -> None:
         """A sync the controller accepted: each listed process still routed holds
@@ -146,4 +180,5 @@ class TrafficRouter:
 
     def sizes(self) -> Mapping[str, int]:
         with self._lock:
-            return {"routes": len(self._routes), "latest": len(self._latest)}
+            return {"routes": len(self._routes), "latest": len(self._latest),
+                    "admitted": sum(len(k) for k in self._admitted.values())}  # fmt: skip

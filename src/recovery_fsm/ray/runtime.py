@@ -54,9 +54,11 @@ from .hosting import RemoteController, RemoteLink
 from .monitor import HealthMonitor
 from .placement import SharedRootError, check_shared_root
 from .reporter import FailStop, Reporter
+from .rollouts import IN_FLIGHT_MODES, Policy, PromptSamples, RolloutClient, RolloutCounters
 from .router import NoServingGroup, NotServing, TrafficRouter, UserRouter
 from .runner import EffectRunner
 from .safety import SafetyCounters, SafetySnapshot
+from .sampling import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +121,7 @@ class Statistics:
     effects_in_flight: int  # starts and deletes queued or running
     failed_effects: int  # executions that raised or failed for good, kept for retry_failed
     safety: SafetySnapshot
+    rollouts: RolloutCounters = attrs.field(factory=RolloutCounters)
 
     @property
     def refused_reports(self) -> int:
@@ -148,7 +151,9 @@ class RecoveryRuntime:
     ``standby``), placed with the same ``actor_options``. ``standby_push``: each sync pushes
     to the standbys too, so they are current at once (the push's cost per standby); False:
     they load each recovery checkpoint in place when it commits (a disk read per standby,
-    current only from the commit on).
+    current only from the commit on). ``in_flight``: what a sync does to rollout calls in
+    flight, ``"wait"`` for them (within ``push_timeout_s``) or ``"abort"`` them (they are
+    issued again at the new version); either way no new call starts until the sync ends.
     """
 
     def __init__(
@@ -180,6 +185,7 @@ class RecoveryRuntime:
         standby: int | None = None,
         standby_push: bool = True,
         run: str | None = None,
+        in_flight: str = "wait",
         _rebuilt: tuple[RecoveryController, int] | None = None,
     ) -> None:
         self.groups = list(groups)
@@ -192,6 +198,9 @@ class RecoveryRuntime:
         if not isinstance(standby_push, bool):
             raise BadRuntimeInput(f"standby_push must be a bool, got {standby_push!r}")
         self.standby_push = standby_push
+        if in_flight not in IN_FLIGHT_MODES:
+            raise BadRuntimeInput(f"in_flight must be one of {IN_FLIGHT_MODES}, got {in_flight!r}")
+        self.in_flight = in_flight
         # What the latest pushed version should show at admission: (version, digest, canary).
         self._pushed: tuple[int, str | None, Canary] | None = None
         self.initial_version = initial_version
@@ -235,6 +244,11 @@ class RecoveryRuntime:
             call_timeout_s=call_timeout_s, run=run,
         )  # fmt: skip
         self.router = TrafficRouter(self.actors_table, call_timeout_s=call_timeout_s, user=router)
+        vocab = self.model_config.get("vocab_size")
+        self.rollouts = RolloutClient(
+            self.actors_table, lambda: self.router.routes, self.router.admission,
+            certified=controller_actor is None, vocab_size=vocab if type(vocab) is int else None,
+        )  # fmt: skip
         self.exporter = AsyncHFExporter(
             self.store, report=self.reporter.send, **(exporter_options or {})
         )
@@ -583,8 +597,12 @@ class RecoveryRuntime:
         if self.exporter.closed:  # before anything is pushed or reported
             raise ExporterClosed(f"sync({version}) after the runtime's exporter was closed")
         expected = canary_of(model)  # once for the push and the export
-        got = self.push(model, version, canary=expected)
-        self.synced(version, got, model, canary=expected)
+        self.rollouts.gate.hold()  # no rollout call starts until the routes say the version
+        try:
+            got = self.push(model, version, canary=expected)
+            self.synced(version, got, model, canary=expected)
+        finally:
+            self.rollouts.gate.release()
         return got
 
     def push(self, model: Any, version: int, *, canary: Canary | None = None) -> dict[str, int]:
@@ -610,15 +628,17 @@ class RecoveryRuntime:
             up |= dict.fromkeys(self.controller.up_standbys(), 1)
         prompt, n = list(expected.prompt), len(expected.answer.tokens)
         deadline = time.monotonic() + self.push_timeout_s
-        # Each actor's canary is asked right behind its update (an actor runs its calls in
-        # order), so both answers come back in one round under the push's one deadline.
-        answered = _answers(
-            {(g, inc): [ref for a in self.actors_table.of(g, inc)
-                        for ref in (a.update_weights.remote(version, weights),
-                                    a.canary.remote(prompt, n))]
-             for g, inc in up.items() if self.actors_table.of(g, inc)},
-            deadline,
-        )  # fmt: skip
+        self.rollouts.gate.hold()
+        try:
+            # Rollout calls in flight end first (waited for, or aborted and issued again):
+            # a push queued behind a batch would otherwise wait for all of it. Bounded by
+            # the push's own deadline; what still runs then is waited for by the engine.
+            if not self.rollouts.gate.drain(self.in_flight, self.push_timeout_s / 2):
+                log.warning("push of %d: rollout calls still in flight after %.1f s",
+                            version, self.push_timeout_s / 2)  # fmt: skip
+            answered = self._push_round(up, version, weights, prompt, n, deadline)
+        finally:
+            self.rollouts.gate.release()
         loads_after = self.counters.loads_in_place_by_group()
         got: dict[str, int] = {}
         for (g, inc), answers in answered.items():
@@ -637,6 +657,20 @@ class RecoveryRuntime:
                 got[g] = inc
         self._pushed = (version, digest, expected)
         return got
+
+    def _push_round(
+        self, up: Mapping[str, int], version: int, weights: Any, prompt: list[int], n: int,
+        deadline: float,
+    ) -> dict[tuple[str, int], tuple[Any, ...] | str]:
+        """Each actor's canary is asked right behind its update (an actor runs its calls in
+        order), so both answers come back in one round under the push's one deadline."""
+        return _answers(
+            {(g, inc): [ref for a in self.actors_table.of(g, inc)
+                        for ref in (a.update_weights.remote(version, weights),
+                                    a.canary.remote(prompt, n))]
+             for g, inc in up.items() if self.actors_table.of(g, inc)},
+            deadline,
+        )  # fmt: skip
 
     def synced(
         self,
@@ -710,11 +744,29 @@ class RecoveryRuntime:
         self.failstop.check()
         return self.router.generate(prompt, max_new_tokens, group=group)
 
-    def rollout(self, prompt: list[int], max_new_tokens: int = 8) -> Generation:
-        """Generate on a serving group the router picks; a request on a group that dies is
-        tried on the next one (``NoServingGroup`` when none answers)."""
+    def rollout(
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling | None = None,
+        policy: Policy | None = None,
+    ) -> list[PromptSamples]:
+        """Sample every prompt (token ids) ``sampling.n`` times on the serving groups, in
+        batches, and return each prompt's samples with their tokens, log-probabilities,
+        finish reasons and certificates; a call on a process that dies or hangs is issued
+        again under ``policy`` (``RolloutFailed`` names the prompts it could not answer).
+        Blocks; from an asyncio loop, await ``arollout``. See ``rollouts.py``."""
         self.failstop.check()
-        return self.router.generate(prompt, max_new_tokens)
+        return self.rollouts.run(prompts, sampling or Sampling(), policy or Policy())
+
+    async def arollout(
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling | None = None,
+        policy: Policy | None = None,
+    ) -> list[PromptSamples]:
+        """``rollout`` on the caller's asyncio loop: many calls may be in flight at once."""
+        self.failstop.check()
+        return await self.rollouts.arun(prompts, sampling or Sampling(), policy or Policy())
 
     def raise_if_stopped(self) -> None:
         """Raise ``ControllerStopped`` once the controller broke (for the trainer hooks)."""
@@ -759,6 +811,7 @@ class RecoveryRuntime:
             self.runner.in_flight,
             len(self.errors),
             self.counters.snapshot(),
+            self.rollouts.snapshot(),
         )
 
     def bookkeeping(self) -> dict[str, int]:
@@ -823,6 +876,7 @@ class RecoveryRuntime:
     def _record(self, record: dict[str, Any]) -> None:
         """The controller's journal sink: the ledger first (it cannot fail), then the file."""
         self.ledger.add(record)
+        self.router.note(record)
         if self._journal is not None:
             self._journal(record)
 

@@ -20,6 +20,10 @@ How each call of the protocol maps onto vLLM:
 - after each: prefix caching is off (a cached prefix computed with the old weights would be
   served with the new ones), and the engine's own weight version is set
   (``set_weight_version``) and read back by every ``ping``;
+- ``rollout``: the batch is enqueued (``LLM.enqueue``) and stepped here
+  (``llm_engine.step``), so every step beats the probe's heartbeat and an ``abort`` ends the
+  batch between two steps (``llm_engine.abort_request``); log-probabilities are vLLM's
+  default, the raw model's;
 - ``canary``: greedy generation with log-probabilities; the engine computes no digest of
   what it holds (its parameters are fused and re-laid), so admission rests on the canary.
 
@@ -31,6 +35,7 @@ the sync (demoted, it serves nothing), and its next load in place or canary deci
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import os
 import shutil
@@ -45,7 +50,10 @@ import torch
 
 from ..export.canary import Answer
 from .engine import Generation, WeightsHeld, manifest_version
+from .sampling import Batch, EngineSample, EngineWedged, Loop, Sampling
 from .vllm_worker import shard_files
+
+_REQUESTS = itertools.count()  # request ids, unique within the process
 
 # Set in the actor's process before vLLM is imported there.
 ENGINE_ENV: Mapping[str, str] = {
@@ -95,14 +103,30 @@ class VLLMEngine:
         self._lock = threading.Lock()  # boots, loads and generation run one at a time
         self._forever = threading.Event()
         self._config_dir: str | None = None
+        self._loop = Loop()
         self.timings: dict[str, float] = {}  # seconds of the last boot's and load's phases
 
     # -- health ------------------------------------------------------------------------------
 
     @ray.method(concurrency_group="health")
-    def ping(self) -> int | None:
-        """The version the engine itself says it holds (``set_weight_version``)."""
+    def ping(self, stall_s: float | None = None) -> int | None:
+        """The version the engine itself says it holds (``set_weight_version``); with
+        ``stall_s``, through the generation loop (see ``engine.py``)."""
+        if stall_s is not None:
+            stalled = self._loop.stalled(stall_s)
+            if stalled is not None:
+                raise EngineWedged(f"no engine step for {stalled:.1f} s while a batch runs")
+            if self.llm is not None and self._lock.acquire(blocking=False):
+                try:
+                    self._generate_locked([0], 1, until_eos=False)
+                finally:
+                    self._lock.release()
         return self._held_version()
+
+    @ray.method(concurrency_group="health")
+    def abort(self) -> bool:
+        """End the running batch between two engine steps; False if none runs."""
+        return self._loop.abort()
 
     @ray.method(concurrency_group="health")
     def whoami(self) -> tuple[str, int]:
@@ -183,6 +207,37 @@ class VLLMEngine:
             tokens, _ = self._generate_locked(prompt, max_new_tokens, until_eos=True)
             return Generation(tokens, self._held_version(), self.group, self.incarnation)
 
+    def rollout(self, prompts: list[list[int]], sampling: Sampling) -> Batch:
+        """Sample ``prompts`` in one batch, stepping vLLM's engine here."""
+        vllm = importlib.import_module("vllm")
+        params = vllm.SamplingParams(
+            n=sampling.n, temperature=float(sampling.temperature), top_p=float(sampling.top_p),
+            top_k=sampling.top_k, seed=sampling.seed, max_tokens=sampling.max_new_tokens,
+            stop_token_ids=list(sampling.stop_token_ids), logprobs=sampling.logprobs,
+            output_kind=vllm.sampling_params.RequestOutputKind.FINAL_ONLY,  # whole samples
+        )  # fmt: skip
+        with self._lock:
+            self._require_boot("rollout")
+            engine = self.llm.llm_engine
+            self._loop.begin()
+            try:
+                ids = [f"rollout-{next(_REQUESTS)}" for _ in prompts]
+                for rid, p in zip(ids, prompts, strict=True):
+                    engine.add_request(rid, {"prompt_token_ids": p}, params)
+                done: dict[str, Any] = {}
+                while engine.has_unfinished_requests():
+                    for out in engine.step():
+                        if out.finished:
+                            done[out.request_id] = out
+                    if self._loop.beat():
+                        engine.abort_request([i for i in ids if i not in done])
+                        break
+            finally:
+                self._loop.end()
+            samples = tuple(_samples(done.get(i), sampling) for i in ids)
+            return Batch(samples, self._held_version(), self.group, self.incarnation,
+                         self._loop.steps)  # fmt: skip
+
     def poison(self, name_part: str) -> str:
         """Set one parameter to NaN inside the engine (tests of admission)."""
         with self._lock:
@@ -249,6 +304,27 @@ class VLLMEngine:
         tokens = list(done.token_ids)
         logprobs = [float(done.logprobs[i][t].logprob) for i, t in enumerate(tokens)]
         return tokens, logprobs
+
+
+def _samples(out: Any, sampling: Sampling) -> tuple[EngineSample, ...]:
+    """A finished vLLM request's completions as samples (none for an aborted request)."""
+    if out is None:
+        return ()
+    samples = []
+    for c in out.outputs:
+        tokens = tuple(int(t) for t in c.token_ids)
+        steps = c.logprobs or []
+        logprobs = tuple(float(steps[k][t].logprob) for k, t in enumerate(tokens))
+        top = None
+        if sampling.logprobs:
+            top = tuple(
+                {int(t): float(lp.logprob) for t, lp in step.items()
+                 if lp.rank is not None and lp.rank <= sampling.logprobs}
+                for step in steps
+            )  # fmt: skip
+        reason = "length" if c.finish_reason == "length" else "stop"
+        samples.append(EngineSample(tokens, logprobs, top, reason))
+    return tuple(samples)
 
 
 def _version(text: str) -> int | None:
