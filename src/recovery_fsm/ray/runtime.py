@@ -210,6 +210,9 @@ class RecoveryRuntime:
         self.ledger = Ledger()  # every record the controller journals, folded
         self.store = CheckpointStore(root)
 
+        # Before the controller: its journal sink feeds the router's admissions from step 0.
+        self.actors_table = ActorTable()
+        self.router = TrafficRouter(self.actors_table, call_timeout_s=call_timeout_s, user=router)
         self.controller: ControllerQueries
         self.link: Link
         self.runner: EffectRunner  # set below: the link's executor needs it
@@ -237,13 +240,11 @@ class RecoveryRuntime:
         self.failstop = FailStop(journal_path)
         self.counters = SafetyCounters()
         self.reporter = Reporter(self.link, self.counters, self.failstop)
-        self.actors_table = ActorTable()
         self.launcher = Launcher(
             self.actors_table, engine, self.model_config, actors_per_group=actors_per_group,
             actor_options={"num_cpus": 0.1, **(actor_options or {})},
             call_timeout_s=call_timeout_s, run=run,
         )  # fmt: skip
-        self.router = TrafficRouter(self.actors_table, call_timeout_s=call_timeout_s, user=router)
         vocab = self.model_config.get("vocab_size")
         self.rollouts = RolloutClient(
             self.actors_table, lambda: self.router.routes, self.router.admission,

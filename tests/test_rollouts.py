@@ -1,0 +1,392 @@
+"""Rollouts through the runtime on a real local Ray cluster, reference engines, real sampling.
+
+Every sample is checked against the trainer's own model at the version its certificate
+names (the log-probability of each sampled token), and its admission against the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TINY_LLAMA, wait_for
+
+ray = pytest.importorskip("ray")
+torch = pytest.importorskip("torch")
+
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+
+from recovery_fsm import RecoveryConfig  # noqa: E402
+from recovery_fsm.ray import (  # noqa: E402
+    BadSampling,
+    Policy,
+    PromptSamples,
+    RecoveryRuntime,
+    ReferenceEngine,
+    RolloutFailed,
+    RolloutInLoop,
+    Sampling,
+)
+from recovery_fsm.search.replay import replay  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+GRPO = Sampling(max_new_tokens=12, temperature=1.0, n=4, logprobs=2)
+
+
+class SlowEngine(ReferenceEngine):
+    """Each decoding step takes 20 ms (a batch lasts long enough to be interrupted), and
+    the loop wedges while the file ``<flags>/<group>`` exists: the actor answers, the
+    generation loop does not step."""
+
+    FLAGS = ""
+
+    def __init__(self, config: dict[str, Any], group: str, incarnation: int) -> None:
+        super().__init__(config, group, incarnation)
+        self._loop.on_step = self._step
+
+    def _step(self) -> None:
+        time.sleep(0.02)
+        while os.path.exists(os.path.join(self.FLAGS, self.group)):
+            time.sleep(0.05)
+
+
+def slow_engine(flags: Path) -> type[SlowEngine]:
+    return type("SlowEngine", (SlowEngine,), {"FLAGS": str(flags)})
+
+
+class Versions:
+    """The trainer's model at every version it synced, to check samples against."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA)).eval()
+        self.states: dict[int, dict[str, Any]] = {}
+        self.keep(0)
+
+    def keep(self, version: int) -> None:
+        self.states[version] = {k: v.clone() for k, v in self.model.state_dict().items()}
+
+    def step(self, version: int) -> None:
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.add_(0.02 * torch.randn_like(p))
+        self.keep(version)
+
+    def check(self, results: list[PromptSamples], n: int) -> None:
+        """Each prompt has exactly ``n`` samples whose log-probabilities are the trainer's
+        model's at the version the certificate names."""
+        probe = AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA)).eval()
+        for r in results:
+            assert len(r.samples) == n, r
+            for s in r.samples:
+                probe.load_state_dict(self.states[s.certificate.version])
+                ids = torch.tensor([[*r.prompt, *s.tokens]])
+                with torch.no_grad():
+                    lp = torch.log_softmax(probe(input_ids=ids).logits[0].float(), dim=-1)
+                start = len(r.prompt) - 1
+                want = [float(lp[start + k, t]) for k, t in enumerate(s.tokens)]
+                assert s.logprobs == pytest.approx(want, abs=2e-3), (s.certificate, s.tokens)
+
+
+def make(tmp_path: Path, **kwargs: Any) -> RecoveryRuntime:
+    options: dict[str, Any] = dict(
+        groups=["g0", "g1"], model_config=LlamaConfig(**TINY_LLAMA).to_dict(),
+        journal=tmp_path / "journal.jsonl", tick_s=0.1, probe_interval_s=0.5,
+        probe_timeout_s=1.0, grace_s=0.5, call_timeout_s=60.0,
+    )  # fmt: skip
+    options.update(kwargs)
+    return RecoveryRuntime(tmp_path / "ckpt", **options)
+
+
+def records(tmp_path: Path) -> dict[int, dict[str, Any]]:
+    lines = (tmp_path / "journal.jsonl").read_text().splitlines()
+    return {r["step"]: r for r in map(json.loads, lines)}
+
+
+def admitted_in_journal(journal: dict[int, dict[str, Any]], cert: Any) -> bool:
+    """The journal record at the certificate's step routed that process at that version, or
+    is the sync that process took."""
+    record = journal[cert.admission]
+    event = record["event"]
+    routes = [e for e in record.get("effects", ()) if e["kind"] == "RouteTraffic"]
+    routed = any(
+        (e["group"], e["incarnation"], e["version"])
+        == (cert.group, cert.incarnation, cert.version)
+        for e in routes
+    )
+    synced = (
+        event["kind"] == "WeightsSynced"
+        and event["version"] == cert.version
+        and event["groups"].get(cert.group) == cert.incarnation
+    )
+    return "error" not in record and (routed or synced)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Two serving groups at version 1, shared by the tests that kill nothing."""
+    tmp = tmp_path_factory.mktemp("fleet")
+    versions = Versions()
+    rt = make(tmp)
+    rt.start(versions.model)
+    versions.step(1)
+    rt.sync(versions.model, 1)
+    yield rt, versions, tmp
+    rt.close()
+    assert replay(tmp / "journal.jsonl").ok
+
+
+def test_a_grpo_rollout_is_n_certified_samples_per_prompt_from_the_trainers_weights(
+    fleet: Any,
+) -> None:
+    rt, versions, tmp = fleet
+    prompts = [[1 + i, 7, 3 * i % 128, 5] for i in range(16)]
+    results = rt.rollout(prompts, GRPO)
+    assert [list(r.prompt) for r in results] == prompts
+    versions.check(results, n=4)
+    samples = [s for r in results for s in r.samples]
+    assert {s.certificate.group for s in samples} == {"g0", "g1"}  # spread, batched
+    assert {s.certificate.version for s in samples} == {1}
+    assert all(s.finish_reason in ("stop", "length") for s in samples)
+    assert all(s.top_logprobs is not None and len(s.top_logprobs) == len(s.tokens)
+               for s in samples)  # fmt: skip
+    # Sampled, not greedy: a prompt's siblings differ.
+    assert any(len({s.tokens for s in r.samples}) > 1 for r in results)
+    journal = records(tmp)
+    assert all(admitted_in_journal(journal, s.certificate) for s in samples)
+    stats = rt.statistics().rollouts
+    assert stats.samples >= 64 and stats.duplicates == 0
+
+
+def test_greedy_answers_as_the_single_request_path_did(fleet: Any) -> None:
+    rt, versions, _ = fleet
+    prompts = [[1, 2, 3], [9, 8], [4]]
+    [a, b, c] = rt.rollout(prompts, Sampling(max_new_tokens=8))
+    for r in (a, b, c):
+        [sample] = r.samples
+        single = rt.generate(sample.certificate.group, list(r.prompt), 8)
+        assert list(sample.tokens) == single.tokens
+    versions.check([a, b, c], n=1)
+
+
+def test_a_seed_makes_a_prompts_samples_reproducible(fleet: Any) -> None:
+    rt, _, _ = fleet
+    seeded = Sampling(max_new_tokens=6, temperature=1.0, n=3, seed=1234)
+    runs = [rt.rollout([[5, 6, 7]], seeded, Policy(version="same")) for _ in range(2)]
+    group = runs[0][0].samples[0].certificate.group
+    again = [rt.rollout([[5, 6, 7]], seeded) for _ in range(2)]
+    same_group = [r for r in [*runs, *again] if r[0].samples[0].certificate.group == group]
+    assert len({tuple(s.tokens for s in r[0].samples) for r in same_group}) == 1
+
+
+def test_hundreds_of_prompts_in_flight_from_asyncio_without_a_thread_each(fleet: Any) -> None:
+    rt, versions, _ = fleet
+    small = Sampling(max_new_tokens=4, temperature=0.8, n=2)
+    before = rt.statistics().rollouts
+    threads = threading.active_count()
+
+    async def many() -> list[list[PromptSamples]]:
+        calls = [rt.arollout([[i % 100 + 1, 2]] * 4, small) for i in range(60)]
+        return await asyncio.gather(*calls)
+
+    out = asyncio.run(many())
+    assert threading.active_count() <= threads + 2  # no thread per request
+    assert len(out) == 60 and all(len(r) == 4 and len(r[0].samples) == 2 for r in out)
+    versions.check(out[0] + out[-1], n=2)
+    after = rt.statistics().rollouts
+    assert after.calls - before.calls == 60 and after.prompts - before.prompts == 240
+
+    async def blocking_inside_a_loop() -> None:
+        rt.rollout([[1]])
+
+    with pytest.raises(RolloutInLoop, match="await arollout"):
+        asyncio.run(blocking_inside_a_loop())
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(temperature=-1.0), "temperature must be a number in"),
+        (dict(top_p=0.0), "top_p must be a number in"),
+        (dict(n=4), "n > 1 needs temperature > 0"),
+        (dict(max_new_tokens=0), "max_new_tokens must be an int"),
+        (dict(stop_token_ids=[-1]), "stop_token_ids must be token ids"),
+        (dict(seed="x"), "seed must be None or an int"),
+        (dict(logprobs=99), "logprobs must be an int in"),
+    ],
+)
+def test_bad_sampling_is_refused_before_anything_is_sent(bad: dict[str, Any], match: str) -> None:
+    with pytest.raises(BadSampling, match=match):
+        Sampling(**bad)
+
+
+def test_bad_prompts_are_refused_and_reach_no_engine(fleet: Any) -> None:
+    rt, _, _ = fleet
+    before = rt.statistics().rollouts
+    for prompts, match in [([], "non-empty list"), ([[]], "prompt 0 must be a non-empty"),
+                           ([[1, 128]], r"token ids in \[0, 128\)"), ("abc", "non-empty list"),
+                           ([[1], [2.0]], "prompt 1 must hold token ids")]:  # fmt: skip
+        with pytest.raises(BadSampling, match=match):
+            rt.rollout(prompts)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="policy must be a Policy"):
+        rt.rollout([[1]], Sampling(), "same")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="version must be one of"):
+        Policy(version="newest")  # type: ignore[arg-type]
+    assert rt.statistics().rollouts.engine_calls == before.engine_calls
+
+
+def test_a_sync_waits_for_rollouts_in_flight_and_none_starts_on_unadmitted_weights(
+    fleet: Any,
+) -> None:
+    """Rollouts run without pause while the trainer syncs twice: every sample is the trainer's
+    model at its certificate's version, admitted in the journal, and no batch was cut."""
+    rt, versions, tmp = fleet
+    results: list[PromptSamples] = []
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def roll() -> None:
+        try:
+            while not stop.is_set():
+                results.extend(rt.rollout([[3, 1, 4, 1, 5]] * 6, GRPO))
+        except BaseException as err:  # surfaced below
+            errors.append(err)
+
+    t = threading.Thread(target=roll)
+    t.start()
+    try:
+        for v in (2, 3):
+            time.sleep(0.3)
+            versions.step(v)
+            assert rt.sync(versions.model, v) == {"g0": 1, "g1": 1}
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        t.join(60)
+    assert not errors, errors
+    versions.check(results, n=4)
+    seen = {s.certificate.version for r in results for s in r.samples}
+    assert 3 in seen and seen <= {1, 2, 3}
+    journal = records(tmp)
+    assert all(admitted_in_journal(journal, s.certificate) for r in results for s in r.samples)
+    assert all(s.finish_reason != "abort" for r in results for s in r.samples)
+
+
+def test_same_version_policy_refuses_to_mix_and_names_what_it_could_not_answer(
+    fleet: Any,
+) -> None:
+    rt, versions, _ = fleet
+    fleet_version = rt.controller.version
+    same = rt.rollout([[2, 2]] * 4, GRPO, Policy(version="same"))
+    assert {s.certificate.version for r in same for s in r.samples} == {fleet_version}
+    # The fleet moves on while a same-version call waits behind the sync's gate: nothing
+    # serves its version any more, so it fails by policy, naming every prompt.
+    rt.rollouts.gate.hold()
+    try:
+        box: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                rt.rollout([[1]] * 3, GRPO, Policy(version="same", deadline_s=3.0))
+            except BaseException as err:
+                box.append(err)
+
+        t = threading.Thread(target=call)
+        t.start()
+        time.sleep(0.3)  # the call has read the fleet's version and waits at the gate
+        versions.step(fleet_version + 1)
+        rt.sync(versions.model, fleet_version + 1)
+    finally:
+        rt.rollouts.gate.release()
+        t.join(30)
+    [err] = box
+    assert isinstance(err, RolloutFailed) and err.prompts == (0, 1, 2)
+    assert f"at version {fleet_version}" in str(err)
+    assert rt.statistics().rollouts.failed_by_policy >= 3
+
+
+def test_a_death_or_a_wedged_loop_mid_batch_loses_no_sample(tmp_path: Path) -> None:
+    """g0 is killed while its batch runs, later g1's generation loop wedges while its actor
+    still answers: every prompt is answered exactly once, from processes the journal
+    admitted, and the wedged group is failed by its probes."""
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    versions = Versions()
+    config = RecoveryConfig(suspect_threshold=2)
+    with make(tmp_path, engine=slow_engine(flags), config=config) as rt:
+        rt.start(versions.model)
+        versions.step(1)
+        rt.sync(versions.model, 1)
+        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+        prompts = [[i + 1, 9] for i in range(8)]
+        box: list[Any] = []
+        t = threading.Thread(target=lambda: box.append(rt.rollout(prompts, GRPO)))
+        t.start()
+        wait_for(lambda: rt.rollouts.gate.in_flight() > 0, what="a batch in flight")
+        time.sleep(0.1)
+        [killed] = rt.actors("g0")
+        rt.kill("g0")
+        t.join(120)
+        [results] = box
+        versions.check(results, n=4)
+        first = rt.statistics().rollouts
+        assert first.reissued >= 1 and first.duplicates == 0
+        assert all(s.certificate.group == "g1" or s.certificate.incarnation > 1
+                   for r in results for s in r.samples)  # fmt: skip
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(killed.ping.remote(), timeout=30)
+        wait_for(lambda: rt.routes.get("g0") is not None and rt.routes["g0"][0] == 2,
+                 what="g0 recovered")  # fmt: skip
+
+        # g1's loop wedges mid-batch; its actor's ping answers without the loop check.
+        (flags / "g1").touch()
+        box.clear()
+        t = threading.Thread(target=lambda: box.append(rt.rollout(prompts, GRPO)))
+        t.start()
+        wait_for(lambda: rt.controller.group_state("g1") != "active", timeout=30,
+                 what="g1 failed by its probes")  # fmt: skip
+        t.join(120)
+        (flags / "g1").unlink()
+        [results] = box
+        versions.check(results, n=4)
+        assert rt.statistics().rollouts.duplicates == 0
+    assert replay(tmp_path / "journal.jsonl").ok
+    journal = records(tmp_path)
+    failed = [r["event"] for r in journal.values() if r.get("event", {}).get("kind") == "ProbeFailed"]
+    assert any(e["group"] == "g1" for e in failed)
+
+
+def test_abort_mode_ends_batches_in_flight_and_issues_them_at_the_new_version(
+    tmp_path: Path,
+) -> None:
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    versions = Versions()
+    long = Sampling(max_new_tokens=120, temperature=1.0, n=2)
+    with make(tmp_path, engine=slow_engine(flags), in_flight="abort", groups=["g0"]) as rt:
+        rt.start(versions.model)
+        box: list[Any] = []
+        t = threading.Thread(target=lambda: box.append(rt.rollout([[1, 2]] * 3, long)))
+        t.start()
+        wait_for(lambda: rt.rollouts.gate.in_flight() > 0, what="a batch in flight")
+        time.sleep(0.3)  # some steps at version 0
+        versions.step(1)
+        assert rt.sync(versions.model, 1) == {"g0": 1}
+        t.join(120)
+        [results] = box
+        # The batch at version 0 was cut: every prompt was issued again and answered at 1.
+        assert {s.certificate.version for r in results for s in r.samples} == {1}
+        assert all(r.reissued >= 1 for r in results)
+        versions.check(results, n=2)
+        stats = rt.statistics().rollouts
+        assert stats.reissued >= 3 and stats.duplicates == 0
+    assert replay(tmp_path / "journal.jsonl").ok
