@@ -523,6 +523,7 @@ def _values(cls: type[ev.Event]) -> dict[str, object]:
     plain: dict[str, object] = {
         "version": 1, "group": _Name("g1"), "incarnation": 1, "path": _Name("/p"),
         "groups": {_Name("g1"): 1}, "error": _Name("e"), "reason": _Name("r"),
+        "evidence": _Name("d"),
         "pinned": False, "at": _Seconds(5.0), "standby": _Name("standby-1"),
     }  # fmt: skip
     return {f.name: plain[f.name] for f in attrs.fields(cls)}
@@ -556,7 +557,8 @@ def test_a_sync_journals_and_replays_as_a_plain_mapping(tmp_path: Path) -> None:
         c.handle(ev.GroupRegistered("g2", 0, at=1.0))
         c.handle(sync)
     line = (tmp_path / "j.jsonl").read_text().splitlines()[-1]
-    assert '"event":{"kind":"WeightsSynced","version":3,"groups":{"g1":1,"g2":1},"at":2.5}' in line
+    assert ('"event":{"kind":"WeightsSynced","version":3,"groups":{"g1":1,"g2":1},"at":2.5,'
+            '"evidence":""}') in line
     record = list(read_journal(tmp_path / "j.jsonl"))[-1]
     assert decode_event(record["event"]) == sync
     assert ev.WeightsSynced(3, {"g1": 1, "g2": 1}, at=2.5) == sync

@@ -104,6 +104,10 @@ class WeightsSynced(Event):
     version: int = attrs.field(validator=valid.version)
     groups: Mapping[str, int] = attrs.field(converter=_to_incarnations)
     at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+    # What the runtime's admission check held the process to (digest, canary), journaled so
+    # that a sample certified by this step can be traced to it; empty: nothing was checked.
+    evidence: str = attrs.field(default="", converter=valid.plain_str, validator=valid.text,
+                                kw_only=True)  # fmt: skip
 
 
 @attrs.frozen
@@ -200,6 +204,10 @@ class GroupRegistered(Event):
     group: str = attrs.field(converter=valid.plain_str, validator=valid.name)
     version: int = attrs.field(validator=valid.version)
     at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+    # What the runtime's admission check held the process to (digest, canary), journaled so
+    # that a sample certified by this step can be traced to it; empty: nothing was checked.
+    evidence: str = attrs.field(default="", converter=valid.plain_str, validator=valid.text,
+                                kw_only=True)  # fmt: skip
 
 
 @attrs.frozen
@@ -238,6 +246,10 @@ class GroupVerified(Event):
     incarnation: int = attrs.field(validator=valid.incarnation)
     version: int | None = attrs.field(validator=valid.optional_version)
     at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+    # What the runtime's admission check held the process to (digest, canary), journaled so
+    # that a sample certified by this step can be traced to it; empty: nothing was checked.
+    evidence: str = attrs.field(default="", converter=valid.plain_str, validator=valid.text,
+                                kw_only=True)  # fmt: skip
 
 
 @attrs.frozen
@@ -247,6 +259,10 @@ class RestartLoaded(Event):
     group: str = attrs.field(converter=valid.plain_str, validator=valid.name)
     incarnation: int = attrs.field(validator=valid.incarnation)
     at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+    # What the runtime's admission check held the process to (digest, canary), journaled so
+    # that a sample certified by this step can be traced to it; empty: nothing was checked.
+    evidence: str = attrs.field(default="", converter=valid.plain_str, validator=valid.text,
+                                kw_only=True)  # fmt: skip
 
 
 @attrs.frozen

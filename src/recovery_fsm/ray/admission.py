@@ -56,6 +56,16 @@ def refusal(
     return None
 
 
+def evidence(launcher: Launcher, digest: str | None, canary: Canary | None) -> str:
+    """What a passed admission held the process to, in one line for the journal."""
+    held = []
+    if digest is not None and launcher.computes_digest:
+        held.append(f"digest {digest[:23]}")
+    if canary is not None:
+        held.append(f"canary {len(canary.answer.tokens)} tokens agreed within {canary.dtype}")
+    return ", ".join(held)
+
+
 def manifest_canary(manifest: dict[str, Any]) -> Canary | None:
     """The canary a checkpoint's manifest records, if any. A record that is not one is a
     corrupt checkpoint: refused, as a digest that does not match is."""

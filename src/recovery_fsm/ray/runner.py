@@ -69,6 +69,9 @@ class EffectRunner:
         self._cancel_export = cancel_export
         self.delete_attempts = delete_attempts
         self._expected = expected
+        # (group, incarnation) -> what its admission held it to, until its outcome is reported
+        # (each process is run by one lane at a time).
+        self._evidence: dict[tuple[str, int], str] = {}
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="recovery-fsm-run")
         self._lock = threading.Lock()
         self._lanes: dict[str, collections.deque[fx.Effect]] = {}
@@ -234,9 +237,12 @@ class EffectRunner:
                 except Exception as err:
                     log.exception("starting %r raised", effect)
                     error = f"{type(err).__name__}: {err}"[:500]
-                if error is None:
-                    self._reporter.report(ev.Relaunched if cold else ev.RestartLoaded,
-                                          group=g, incarnation=inc)  # fmt: skip
+                evidence = self._evidence.pop((g, inc), "")
+                if error is None and cold:
+                    self._reporter.report(ev.Relaunched, group=g, incarnation=inc)
+                elif error is None:
+                    self._reporter.report(ev.RestartLoaded, group=g, incarnation=inc,
+                                          evidence=evidence)  # fmt: skip
                 else:
                     kill(self._table.take(g, inc))
                     self._reporter.report(ev.RelaunchFailed if cold else ev.RestartLoadFailed,
@@ -247,8 +253,10 @@ class EffectRunner:
                 except Exception as err:
                     log.exception("claiming %r raised", effect)
                     error = f"{type(err).__name__}: {err}"[:500]
+                evidence = self._evidence.pop((g, inc), "")
                 if error is None:
-                    self._reporter.report(ev.RestartLoaded, group=g, incarnation=inc)
+                    self._reporter.report(ev.RestartLoaded, group=g, incarnation=inc,
+                                          evidence=evidence)  # fmt: skip
                 else:
                     kill(self._table.take(g, inc))
                     self._reporter.report(ev.RestartLoadFailed, group=g, incarnation=inc,
@@ -259,8 +267,10 @@ class EffectRunner:
                 except Exception as err:
                     log.exception("verifying %r raised", effect)
                     held, error = None, f"{type(err).__name__}: {err}"[:500]
+                evidence = self._evidence.pop((g, inc), "")
                 if error is None:
-                    self._reporter.report(ev.GroupVerified, group=g, incarnation=inc, version=held)
+                    self._reporter.report(ev.GroupVerified, group=g, incarnation=inc,
+                                          version=held, evidence=evidence)  # fmt: skip
                 else:
                     kill(self._table.take(g, inc))
                     self._reporter.report(ev.GroupFailed, group=g, incarnation=inc,
@@ -311,10 +321,17 @@ class EffectRunner:
         if isinstance(outcome, BootFailed):
             return outcome.reason
         manifest = self._store.read_manifest(path)
-        return admission.refusal(
-            self._launcher, g, inc, outcome,
-            digest=manifest["weights_digest"], canary=admission.manifest_canary(manifest),
-        )  # fmt: skip
+        digest, canary = manifest["weights_digest"], admission.manifest_canary(manifest)
+        return self._admit(g, inc, outcome, digest, canary)
+
+    def _admit(
+        self, g: str, inc: int, outcome: Booted, digest: str | None, canary: Canary | None
+    ) -> str | None:
+        """Admission of a group's process; what it was held to is kept for its report."""
+        why = admission.refusal(self._launcher, g, inc, outcome, digest=digest, canary=canary)
+        if why is None:
+            self._evidence[(g, inc)] = admission.evidence(self._launcher, digest, canary)
+        return why
 
     def _standby(self, effect: fx.StartStandby | fx.LoadStandby) -> str | None:
         """Boot a standby empty, or load C(v) into it in place and admit what it holds;
@@ -373,7 +390,7 @@ class EffectRunner:
         if any(h.version != effect.version for h in outcome.held):
             held = sorted({str(h.version) for h in outcome.held})
             return f"the standby holds version {', '.join(held)}, not {effect.version}"
-        return admission.refusal(self._launcher, g, inc, outcome, digest=digest, canary=canary)
+        return self._admit(g, inc, outcome, digest, canary)
 
     def _claim_as_it_is(
         self, g: str, inc: int, version: int, digest: str | None, canary: Canary
@@ -390,7 +407,10 @@ class EffectRunner:
             held = sorted({str(getattr(h, "version", None)) for h in answers[0::2]})
             return f"the standby holds version {', '.join(held)}, not {version}"
         gate = digest if self._launcher.computes_digest else None
-        return admission.push_refusal(canary, gate, answers)
+        why = admission.push_refusal(canary, gate, answers)
+        if why is None:
+            self._evidence[(g, inc)] = admission.evidence(self._launcher, gate, canary)
+        return why
 
     def _verify(self, g: str, inc: int) -> tuple[int | None, str | None]:
         """What a process (a standby: incarnation 1) that outlived the trainer holds, checked
@@ -414,9 +434,7 @@ class EffectRunner:
         if version is None or record is None:
             return None, None
         digest, canary = record
-        return version, admission.refusal(
-            self._launcher, g, inc, outcome, digest=digest, canary=canary
-        )
+        return version, self._admit(g, inc, outcome, digest, canary)
 
     def _start_cold(self, g: str, inc: int) -> str | None:
         outcome = self._launcher.boot(g, inc, lambda a: a.boot_empty.remote())

@@ -203,6 +203,7 @@ class RecoveryRuntime:
         self.in_flight = in_flight
         # What the latest pushed version should show at admission: (version, digest, canary).
         self._pushed: tuple[int, str | None, Canary] | None = None
+        self._push_evidence: tuple[int, str] | None = None  # what the last push checked
         self.initial_version = initial_version
         self.call_timeout_s = call_timeout_s
         self.push_timeout_s = push_timeout_s
@@ -586,7 +587,8 @@ class RecoveryRuntime:
             )
             if why is not None:
                 raise RuntimeError(f"group {g} did not take the initial weights: {why}")
-            self.reporter.send(ev.GroupRegistered, group=g, version=version)
+            self.reporter.send(ev.GroupRegistered, group=g, version=version,
+                               evidence=admission.evidence(self.launcher, digest, expected))
             if self.controller.incarnation(g) != 1:
                 raise RuntimeError(f"the controller numbered {g}'s first process otherwise")
         self.monitor.start()
@@ -657,6 +659,7 @@ class RecoveryRuntime:
             else:
                 got[g] = inc
         self._pushed = (version, digest, expected)
+        self._push_evidence = (version, admission.evidence(self.launcher, digest, expected))
         return got
 
     def _push_round(
@@ -695,7 +698,10 @@ class RecoveryRuntime:
             raise ExporterClosed(f"synced({version}) after the runtime's exporter was closed")
         # Sent directly: a refusal (an unknown group, a version not above the fleet's) is
         # the trainer's mistake and reaches it, before anything is exported.
-        effects = self.reporter.send(ev.WeightsSynced, version=version, groups=dict(groups))
+        checked = self._push_evidence
+        evidence = checked[1] if checked is not None and checked[0] == version else ""
+        effects = self.reporter.send(ev.WeightsSynced, version=version, groups=dict(groups),
+                                     evidence=evidence)  # fmt: skip
         self.router.advance(version, groups)
         # A group this sync brought back serves when the call returns: its routing runs on
         # the link's thread, behind what was queued before it (a slow user router delays it).
