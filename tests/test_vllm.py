@@ -14,6 +14,8 @@ import os
 import platform
 import signal
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +36,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 from recovery_fsm import RecoveryConfig  # noqa: E402
 from recovery_fsm.errors import CorruptCheckpoint  # noqa: E402
 from recovery_fsm.export import AsyncHFExporter, CheckpointStore, canary  # noqa: E402
-from recovery_fsm.ray import RecoveryRuntime  # noqa: E402
+from recovery_fsm.ray import Policy, RecoveryRuntime, Sampling  # noqa: E402
 from recovery_fsm.ray.vllm_engine import VLLMEngine  # noqa: E402
 from recovery_fsm.search.replay import replay  # noqa: E402
 
@@ -80,8 +82,24 @@ def export(root: Path, version: int, model: Any) -> str:
         return str(ex.export_model(version, model, canary=canary.of_model(model)).result(120))
 
 
+WEDGE = Path(tempfile.gettempdir()) / f"recovery-fsm-test-vllm-wedge-{os.getpid()}"
+
+
+class WedgeableVLLM(ENGINE):  # type: ignore[valid-type,misc]
+    """The module's engine, whose generation loop stops stepping while ``WEDGE`` exists (its
+    actor still answers every call)."""
+
+    def __init__(self, config: dict[str, Any], group: str, incarnation: int) -> None:
+        super().__init__(config, group, incarnation)
+        self._loop.on_step = self._wedge
+
+    def _wedge(self) -> None:
+        while WEDGE.exists():
+            time.sleep(0.05)
+
+
 def actor() -> Any:
-    cls = ray.remote(concurrency_groups={"health": 1, "watch": 1})(ENGINE)
+    cls = ray.remote(concurrency_groups={"health": 1, "watch": 1})(WedgeableVLLM)
     return cls.options(num_cpus=0.1, **ENGINE.ACTOR_OPTIONS).remote(
         LlamaConfig(**CONFIG).to_dict(), "g0", 1
     )
@@ -194,6 +212,53 @@ def _tree(pid: int) -> list[Any]:
 
 def _shm() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def logprobs_of(model: Any, prompt: list[int] | tuple[int, ...], tokens: Any) -> list[float]:
+    """The trainer's own log-probability of each sampled token."""
+    ids = torch.tensor([[*prompt, *tokens]])
+    with torch.no_grad():
+        lp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+    return [float(lp[len(prompt) - 1 + k, t]) for k, t in enumerate(tokens)]
+
+
+def test_vllm_rollouts_sample_with_the_trainers_logprobs_abort_between_steps_and_probe_the_loop(
+    booted: tuple[Any, Any, str],
+) -> None:
+    engine, model, _ = booted
+    # Sampled, n per prompt, top alternatives: the engine's log-probabilities are the
+    # trainer's model's (float32 on both sides).
+    prompts = [[1 + i, 40, 2 * i + 3] for i in range(6)]
+    grpo = Sampling(max_new_tokens=10, temperature=1.0, n=4, logprobs=2, seed=11)
+    batch = ray.get(engine.rollout.remote(prompts, grpo), timeout=120)
+    assert batch.version == 1 and len(batch.samples) == 6
+    for p, samples in zip(prompts, batch.samples, strict=True):
+        assert len(samples) == 4 and len({s.tokens for s in samples}) > 1
+        for s in samples:
+            assert s.logprobs == pytest.approx(logprobs_of(model, p, s.tokens), abs=2e-3)
+            assert s.top_logprobs is not None and len(s.top_logprobs) == len(s.tokens)
+    # Greedy answers as the single-request path and transformers do.
+    [[one]] = ray.get(engine.rollout.remote([PROMPT], Sampling(max_new_tokens=8))).samples
+    assert list(one.tokens) == greedy(model)
+    # The idle engine's probe runs a generation and answers its version.
+    assert ray.get(engine.ping.remote(1.0), timeout=30) == 1
+
+    # A wedged loop: the actor answers, the probe through the loop does not pass. An abort
+    # then ends the batch between two steps, without the samples it cut.
+    long = Sampling(max_new_tokens=200, temperature=1.0, n=2)
+    WEDGE.touch()
+    try:
+        ref = engine.rollout.remote([[5, 6]] * 8, long)
+        time.sleep(2.5)
+        assert ray.get(engine.ping.remote(), timeout=10) == 1  # a bare ping is fooled
+        with pytest.raises(ray.exceptions.RayTaskError, match="no engine step"):
+            ray.get(engine.ping.remote(1.0), timeout=10)
+        assert ray.get(engine.abort.remote(), timeout=10) is True
+    finally:
+        WEDGE.unlink()
+    cut = ray.get(ref, timeout=120)
+    assert cut.steps < 200 and any(len(s) == 0 for s in cut.samples)
+    assert ray.get(engine.ping.remote(1.0), timeout=30) == 1  # stepping again
 
 
 def test_five_kills_leave_no_process_no_shared_memory_and_no_growing_memory() -> None:
@@ -367,9 +432,29 @@ def test_a_vllm_standby_takes_over_without_a_boot_pushed_or_loaded_in_place(
         assert rt.sync(model, 1) == {"g0": 1, "standby-1": 1}
         wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="C(1)")
         [spare] = rt.actors_table.of("standby-1", 1)
+        # A GRPO-shaped rollout in flight when g0 dies: its batch is issued again on the
+        # standby that takes g0 over, and every sample is the trainer's model's.
+        grpo = Sampling(max_new_tokens=120, temperature=1.0, n=4)
+        prompts = [[3 + i, 17, 29] for i in range(12)]
+        box: list[Any] = []
+        roller = threading.Thread(target=lambda: box.append(
+            rt.rollout(prompts, grpo, Policy(version="same", deadline_s=240))))  # fmt: skip
+        roller.start()
+        wait_for(lambda: rt.rollouts.gate.in_flight() > 0, what="a batch in flight")
+        time.sleep(0.5)
         rt.kill("g0")
         wait_for(lambda: rt.controller.incarnation("g0") == 2 and serving(rt, "g0"),
                  what="g0 on standby-1")  # fmt: skip
+        roller.join(240)
+        [results] = box
+        for r in results:
+            assert len(r.samples) == 4
+            for s in r.samples:
+                assert (s.certificate.group, s.certificate.incarnation) == ("g0", 2)
+                assert s.certificate.version == 1 and s.certificate.admission is not None
+                assert s.logprobs == pytest.approx(logprobs_of(model, r.prompt, s.tokens),
+                                                   abs=2e-3)  # fmt: skip
+        assert rt.statistics().rollouts.reissued >= len(prompts)
         assert rt.actors("g0") == [spare]
         out = rt.generate("g0", PROMPT)
         assert (out.tokens, out.version, out.group, out.incarnation) == (greedy(model), 1, "g0", 2)
