@@ -189,7 +189,8 @@ def test_a_short_seeded_demo_run_every_way_reports_zeros_and_replays_clean(
         # An incident finds no serving group only when every group is recovering.
         assert report.incidents_skipped < len(incidents)
         assert report.failures_injected >= len(incidents) - report.incidents_skipped
-        assert report.tokens > 0
+        assert report.tokens > 0 and report.samples > 0
+    assert standby.lost == immediate.lost == 0  # a serving group was always left
     assert sum(immediate.recoveries[p] for p in ("immediate", "waited")) >= 1
     assert cold.recoveries["immediate"] == cold.recoveries["waited"] == 0
     assert cold.recoveries["cold"] >= 1

@@ -30,12 +30,16 @@ class Report:
     cooldown_entries: int
     tokens: int
     requests: int
+    samples: int
+    reissued: int
+    lost: int
     wall_s: float
     safety: dict[str, int]
     replay_ok: bool
     replay_summary: str
     tokens_per_s: float  # rollout tokens per second while the rollouts ran
-    goodput: float | None = None  # tokens_per_s over the failure-free run's (None: no such run)
+    samples_per_s: float  # accepted samples per second while the rollouts ran
+    goodput: float | None = None  # samples_per_s over the failure-free run's (None: no such run)
 
     @property
     def ok(self) -> bool:
@@ -76,21 +80,26 @@ def summarize(result: RunResult) -> Report:
         cooldown_entries=ledger.cooldowns,
         tokens=result.counters.tokens,
         requests=result.counters.requests,
+        samples=result.counters.samples,
+        reissued=result.counters.reissued,
+        lost=result.counters.lost,
         wall_s=result.wall_s,
         safety=safety,
         replay_ok=check.ok,
         replay_summary=check.render(),
         tokens_per_s=result.counters.tokens / result.rollout_s if result.rollout_s else 0.0,
+        samples_per_s=result.counters.samples / result.rollout_s if result.rollout_s else 0.0,
     )
 
 
 def with_goodput(reports: Sequence[Report], results: Sequence[RunResult]) -> list[Report]:
-    """Each report's goodput against the failure-free run's token rate, if one was made."""
+    """Each report's goodput: accepted samples per second against the failure-free run's,
+    if one was made."""
     free = [r for r, res in zip(reports, results, strict=True) if res.mode == "free"]
-    if not free or not free[0].tokens_per_s:
+    if not free or not free[0].samples_per_s:
         return list(reports)
-    base = free[0].tokens_per_s
-    return [attrs.evolve(r, goodput=r.tokens_per_s / base) for r in reports]
+    base = free[0].samples_per_s
+    return [attrs.evolve(r, goodput=r.samples_per_s / base) for r in reports]
 
 
 def _outages_left(result: RunResult) -> int:
@@ -132,8 +141,10 @@ def rows(reports: Sequence[Report]) -> list[tuple[str, ...]]:
     row("idle group-seconds", [f"{r.idle_group_s:.1f}" for r in reports])
     row("  per failure injected", [f"{r.idle_per_failure_s:.1f}" for r in reports])
     row("cooldown entries", [str(r.cooldown_entries) for r in reports])
-    row("tokens generated", [f"{r.tokens} in {r.requests} requests" for r in reports])
-    row("  rollout tokens per second", [f"{r.tokens_per_s:.0f}" for r in reports])
+    row("samples accepted (n=4, t=1)",
+        [f"{r.samples} in {r.requests} calls, {r.tokens} tokens" for r in reports])  # fmt: skip
+    row("  prompts issued again / lost", [f"{r.reissued} / {r.lost}" for r in reports])
+    row("  accepted samples per second", [f"{r.samples_per_s:.1f}" for r in reports])
     row("  goodput (of the run without failures)",
         ["-" if r.goodput is None else f"{100 * r.goodput:.0f}%" for r in reports])  # fmt: skip
     row(SAFETY, ["" for _ in reports])

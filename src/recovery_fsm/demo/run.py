@@ -28,7 +28,7 @@ from .. import GroupView, RecoveryConfig
 from .. import effects as fx
 from ..errors import RecoveryError
 from ..journal.ledger import Ledger
-from ..ray import RecoveryRuntime, ReferenceEngine, Statistics
+from ..ray import Policy, RecoveryRuntime, ReferenceEngine, RolloutFailed, Sampling, Statistics
 from ..trainer import RecoveryHooks
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -95,7 +95,7 @@ class DemoOptions:
     out: Path = Path("demo-out")  # each run replaces the previous run's files here
     hf_interval: int = 4  # every so many versions the export is also the HF save (pinned)
     settle_s: float = 30.0  # after the last step, how long to wait for outages to end
-    request_interval_s: float = 0.2  # each group's pause between rollout requests
+    request_interval_s: float = 0.2  # the pause between two rollout calls
     engine: str = "reference"  # or "vllm"
     standby: int = 1  # warm standbys in the "standby" run
     # The restart budget (6) counts the failures of this many seconds (None: the whole run).
@@ -129,8 +129,11 @@ def plan(options: DemoOptions) -> list[Incident]:
 class Counters:
     """What the rollouts and the router saw at the real actors."""
 
-    tokens: int = 0
-    requests: int = 0
+    tokens: int = 0  # in accepted samples
+    requests: int = 0  # rollout calls answered
+    samples: int = 0  # samples accepted (each certified)
+    reissued: int = 0  # prompts issued again after a death, a hang or a sync's abort
+    lost: int = 0  # prompts a rollout failed by policy (no group served within its deadline)
     # Answers from weights older than the controller says that process holds when asked.
     stale_serves: int = 0
     stale_admissions: int = 0  # routed while the process held older weights than routed
@@ -201,7 +204,13 @@ class SyntheticTrainer:
 
 
 class _Rollouts:
-    """One thread per group: generate while routed, check the version of every answer."""
+    """The trainer's rollouts, through the runtime's rollout path: groups of samples per
+    prompt at temperature 1, in calls paced as a fleet's requests arrive. Each sample's
+    certificate is checked against what the controller believed before the call, and each
+    newly admitted process is asked once what it holds."""
+
+    SAMPLING = Sampling(max_new_tokens=16, temperature=1.0, n=4)
+    POLICY = Policy(version="current", siblings="group", deadline_s=30.0)
 
     def __init__(self, rt: RecoveryRuntime, counters: Counters, interval_s: float) -> None:
         self.rt = rt
@@ -210,10 +219,8 @@ class _Rollouts:
         self.admitted: dict[str, tuple[int, int]] = {}  # group -> (incarnation, version)
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.threads = [
-            threading.Thread(target=self._loop, args=(g,), name=f"rollout-{g}", daemon=True)
-            for g in rt.groups
-        ]
+        self.threads = [threading.Thread(target=self._loop, name="rollouts", daemon=True)]
+        self._checked: set[tuple[str, int, int]] = set()
 
     def route(self, effect: fx.RouteTraffic | fx.WithdrawTraffic) -> None:
         """The router: runs on the link's thread, so it only records."""
@@ -223,40 +230,51 @@ class _Rollouts:
             else:
                 self.admitted.pop(effect.group, None)
 
-    def _loop(self, group: str) -> None:
-        prompt = [1, 2, 3, 4]
-        checked: set[tuple[int, int]] = set()
-        while not self.stop.is_set():
-            with self.lock:
-                admitted = self.admitted.get(group)
-            if admitted is None:
-                self.stop.wait(0.05)
+    def _check_admissions(self) -> None:
+        """What each newly admitted process holds, asked once."""
+        with self.lock:
+            admitted = dict(self.admitted)
+        for g, (inc, version) in admitted.items():
+            if (g, inc, version) in self._checked:
                 continue
-            inc, version = admitted
-            actors = self.rt.actors(group, inc)
-            # What the controller believes this process holds, read before the request:
-            # an answer from older weights means a report (a push, a load) was wrong.
-            believed = self.rt.controller.group(group)
-            if not actors or believed.incarnation != inc:
-                self.stop.wait(0.05)
+            actors = self.rt.actors(g, inc)
+            if not actors:
                 continue
             try:
-                if admitted not in checked:  # what the admitted process holds, asked once
-                    held = ray.get(actors[0].weights.remote(), timeout=30)
-                    checked.add(admitted)
-                    if held.version is None or held.version < version:
-                        with self.lock:
-                            self.counters.stale_admissions += 1
-                out = ray.get(actors[0].generate.remote(prompt, 16), timeout=30)
+                held = ray.get(actors[0].weights.remote(), timeout=30)
             except Exception:  # the process died under us: the monitor reports it
+                continue
+            self._checked.add((g, inc, version))
+            if held.version is None or held.version < version:
+                with self.lock:
+                    self.counters.stale_admissions += 1
+
+    def _loop(self) -> None:
+        prompts = [[1 + i, 2, 3, 4] for i in range(2 * len(self.rt.groups))]
+        while not self.stop.is_set():
+            self._check_admissions()
+            # What the controller believes each process holds, read before the call: a
+            # sample from older weights means a report (a push, a load) was wrong.
+            views = self.rt.controller.groups()
+            believed = {g: (v.incarnation, v.version) for g, v in views.items()}
+            try:
+                results = self.rt.rollout(prompts, self.SAMPLING, self.POLICY)
+            except RolloutFailed as err:
+                with self.lock:
+                    self.counters.lost += len(err.prompts)
                 self.stop.wait(0.05)
                 continue
             with self.lock:
                 self.counters.requests += 1
-                self.counters.tokens += len(out.tokens)
-                floor = max(version, believed.version or 0)
-                if out.version is None or out.version < floor:
-                    self.counters.stale_serves += 1
+                for r in results:
+                    self.counters.reissued += r.reissued
+                    for sample in r.samples:
+                        self.counters.samples += 1
+                        self.counters.tokens += len(sample.tokens)
+                        c = sample.certificate
+                        inc, version = believed.get(c.group, (0, None))
+                        if inc == c.incarnation and c.version < (version or 0):
+                            self.counters.stale_serves += 1
             # Paced, as requests arrive in a real fleet: generation that saturates the CPU
             # would slow every restart (here the engines share two cores with everything).
             self.stop.wait(self.interval_s)

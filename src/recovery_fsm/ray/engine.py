@@ -229,9 +229,9 @@ class ReferenceEngine:
                 eos = _eos_ids(self.model.generation_config)
                 samples = hf_sample(self.model, prompts, sampling, self._loop, eos)
             finally:
-                self._loop.end()
+                elapsed = self._loop.end()
             return Batch(samples, self.held.version, self.group, self.incarnation,
-                         self._loop.steps)  # fmt: skip
+                         self._loop.steps, elapsed)  # fmt: skip
 
     def shutdown(self) -> None:
         with self._lock:

@@ -123,6 +123,7 @@ class Batch:
     group: str
     incarnation: int
     steps: int  # decoding steps the engine ran for this batch
+    elapsed_s: float = 0.0  # inside the engine, lock held: what a benchmark compares with
 
 
 class Loop:
@@ -136,17 +137,21 @@ class Loop:
         self._beat = time.monotonic()
         self._abort = threading.Event()
         self.steps = 0
+        self.began = self._beat
         # Called at every step, outside the lock (tests wedge a loop here on purpose).
         self.on_step: Callable[[], None] | None = None
 
     def begin(self) -> None:
         with self._lock:
             self._running, self._beat, self.steps = True, time.monotonic(), 0
+            self.began = self._beat
             self._abort.clear()
 
-    def end(self) -> None:
+    def end(self) -> float:
+        """The batch's seconds."""
         with self._lock:
             self._running = False
+            return time.monotonic() - self.began
 
     def beat(self) -> bool:
         """One decoding step done; True if the batch should stop (aborted)."""

@@ -233,10 +233,10 @@ class VLLMEngine:
                         engine.abort_request([i for i in ids if i not in done])
                         break
             finally:
-                self._loop.end()
+                elapsed = self._loop.end()
             samples = tuple(_samples(done.get(i), sampling) for i in ids)
             return Batch(samples, self._held_version(), self.group, self.incarnation,
-                         self._loop.steps)  # fmt: skip
+                         self._loop.steps, elapsed)  # fmt: skip
 
     def poison(self, name_part: str) -> str:
         """Set one parameter to NaN inside the engine (tests of admission)."""
