@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from conftest import TINY_LLAMA, wait_for
 
@@ -54,8 +55,16 @@ class SlowEngine(ReferenceEngine):
         self._loop.on_step = self._step
 
     def _step(self) -> None:
+        """Wedged while the flag exists, from the step it names if it names one."""
         time.sleep(0.02)
-        while os.path.exists(os.path.join(self.FLAGS, self.group)):
+        flag = os.path.join(self.FLAGS, self.group)
+        while os.path.exists(flag):
+            try:
+                text = Path(flag).read_text().strip()
+            except FileNotFoundError:
+                break
+            if text.isdigit() and self._loop.steps < int(text):
+                break
             time.sleep(0.05)
 
 
@@ -392,3 +401,61 @@ def test_abort_mode_ends_batches_in_flight_and_issues_them_at_the_new_version(
         stats = rt.statistics().rollouts
         assert stats.reissued >= 3 and stats.duplicates == 0
     assert replay(tmp_path / "journal.jsonl").ok
+
+
+def _siblings_that_end_apart(actor: Any) -> tuple[Sampling, tuple[int, ...]]:
+    """A seeded sampling under which sibling 0 stops at its second token while another runs
+    past step 6 (found on the engine itself: a seed fixes a prompt's samples)."""
+    for seed in range(200):
+        base = Sampling(max_new_tokens=12, temperature=1.0, n=4, seed=seed)
+        rows = [s.tokens for s in ray.get(actor.rollout.remote([[3, 4]], base)).samples[0]]
+        if len(rows[0]) < 2:
+            continue
+        stop = rows[0][1]
+        firsts = [next((k for k, t in enumerate(r) if t == stop), 99) for r in rows]
+        if firsts[0] == 1 and max(firsts[1:]) > 6 and min(len(r) for r in rows[1:]) > 6:
+            return attrs.evolve(base, stop_token_ids=(stop,)), rows[0][:2]
+    raise AssertionError("no seed ends the siblings apart")
+
+
+@pytest.mark.parametrize("siblings", ["missing", "group"])
+def test_an_abort_keeps_the_finished_siblings_or_asks_for_the_whole_group_by_policy(
+    tmp_path: Path, siblings: str
+) -> None:
+    """A sync aborts a batch after its fourth step: sibling 0 had ended, the others had not.
+    ``missing`` keeps sibling 0 (at the old version) and asks for three more at the new one;
+    ``group`` asks for all four again, so the group is one version."""
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    versions = Versions()
+    with make(tmp_path, engine=slow_engine(flags), in_flight="abort", groups=["g0"]) as rt:
+        rt.start(versions.model)
+        [actor] = rt.actors("g0")
+        sampling, ended = _siblings_that_end_apart(actor)
+        (flags / "g0").write_text("4")  # the loop wedges from its fourth step
+        box: list[Any] = []
+        policy = Policy(siblings=siblings)  # type: ignore[arg-type]
+        roller = threading.Thread(target=lambda: box.append(rt.rollout([[3, 4]], sampling,
+                                                                       policy)))  # fmt: skip
+        roller.start()
+        wait_for(lambda: rt.rollouts.gate.in_flight() > 0, what="the batch in flight")
+        time.sleep(0.5)  # wedged at step 4
+        versions.step(1)
+        syncer = threading.Thread(target=rt.sync, args=(versions.model, 1))
+        syncer.start()
+        wait_for(lambda: rt.rollouts.gate.held,
+                 what="the sync's gate")  # fmt: skip
+        time.sleep(0.3)  # the abort is sent
+        (flags / "g0").unlink()
+        syncer.join(60)
+        roller.join(60)
+        [[result]] = box
+        versions.check([result], n=4)
+        by_version = sorted(s.certificate.version for s in result.samples)
+        if siblings == "missing":
+            assert by_version == [0, 1, 1, 1]
+            [kept] = [s for s in result.samples if s.certificate.version == 0]
+            assert kept.tokens == ended and kept.finish_reason == "stop"
+        else:
+            assert by_version == [1, 1, 1, 1]
+            assert rt.statistics().rollouts.discarded >= 1  # the ended sibling was let go
