@@ -155,6 +155,7 @@ class SyncGate:
         self._holds = 0
         self._calls: dict[int, Any] = {}  # call id -> actor
         self._ids = itertools.count()
+        self.aborts = 0  # rounds of aborts sent (tests wait on it)
 
     def hold(self) -> None:
         with self._cond:
@@ -191,13 +192,22 @@ class SyncGate:
     def drain(self, mode: str, timeout: float) -> bool:
         """With the gate held: wait for the calls in flight to end (``abort``: ask each
         engine to stop its batch first). False if some still run after ``timeout``."""
-        with self._cond:
-            actors = list(self._calls.values())
-        if mode == "abort":
-            for a in {id(a): a for a in actors}.values():
-                a.abort.remote()  # answered beside the batch (health group); not awaited
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._calls, timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._cond:
+                actors = list(self._calls.values())
+            if not actors:
+                return True
+            if mode == "abort":
+                # Again each round: a batch queued behind the one stopped starts afresh.
+                self.aborts += 1
+                for a in {id(a): a for a in actors}.values():
+                    a.abort.remote()  # answered beside the batch (health group); not awaited
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with self._cond:
+                self._cond.wait_for(lambda: not self._calls, min(left, 0.1))
 
 
 @attrs.frozen
@@ -270,7 +280,9 @@ class RolloutClient:
             return f"answered as {batch.group}#{batch.incarnation}"
         if batch.version is None:
             return "the engine holds no weights"
-        if not self._certified:
+        if not self._certified:  # no journal here: hold it to the route's version
+            if batch.version != route.version:
+                return f"version {batch.version}, routed at {route.version}"
             return Certificate(batch.group, batch.incarnation, batch.version, None)
         step = self._admission(batch.group, batch.incarnation, batch.version)
         if step is None:
@@ -287,7 +299,6 @@ class RolloutClient:
             return attrs.evolve(self.counters)
 
 
-_RETRYABLE = (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, asyncio.TimeoutError)
 _ADMISSION_WAIT_S = 10.0  # a batch at a pushed version waits this long for the sync's report
 
 
@@ -306,6 +317,7 @@ class _Call:
         self.deadline = time.monotonic() + policy.deadline_s
         self.target: int | None = None
         self.bad: set[tuple[str, int]] = set()  # processes that failed a call: not again
+        self.fatal: str | None = None  # the engine refused the request itself: no retry
 
     def owed(self, i: int) -> int:
         return self.sampling.n - len(self.kept[i])
@@ -317,13 +329,21 @@ class _Call:
             exhausted = [i for i in pending if self.issued[i] >= self.policy.attempts]
             if exhausted:
                 last = self.errors.get(exhausted[0], "none kept")
-                self._fail(exhausted, f"issued {self.policy.attempts} times without an answer "
-                                      f"(last: {last})")  # fmt: skip
+                self._fail(pending, f"prompt {exhausted[0]} issued {self.policy.attempts} "
+                                    f"times without an answer (last: {last})")  # fmt: skip
+            if time.monotonic() > self.deadline:
+                last = self.errors.get(pending[0], "none kept")
+                self._fail(pending, f"not answered within deadline_s={self.policy.deadline_s} "
+                                    f"(last: {last})")  # fmt: skip
             routes = await self._wait_for(self._open_routes, self._wanted())
-            await asyncio.gather(*(
+            issued = await asyncio.gather(*(
                 self._issue(route, pending[k :: len(routes)])
                 for k, route in enumerate(routes[: len(pending)])
             ))  # fmt: skip
+            if self.fatal is not None:
+                self._fail(pending, self.fatal)
+            if not any(issued):
+                await asyncio.sleep(0.02)  # routes without actors, or a gate just closed
         self.c.count(calls=1, prompts=len(self.prompts),
                      samples=sum(len(k) for k in self.kept))  # fmt: skip
         return [
@@ -354,14 +374,17 @@ class _Call:
         raise RolloutFailed(f"prompts {prompts[:8]}{'...' if len(prompts) > 8 else ''}: {why}",
                             prompts)  # fmt: skip
 
-    async def _issue(self, route: _Route, chunk: list[int]) -> None:
-        """One engine call for ``chunk`` on ``route``; keeps what it may, else they owe."""
+    async def _issue(self, route: _Route, chunk: list[int]) -> bool:
+        """One engine call for ``chunk`` on ``route``; keeps what it may, else they owe.
+        False if nothing was sent."""
         actors = self.c._table.of(route.group, route.incarnation)
         if not actors:
-            return  # stopped since the routes were read: the next round goes elsewhere
+            # Stopped, its withdrawal not applied yet: not this process again in this call.
+            self.bad.add((route.group, route.incarnation))
+            return False
         cid = self.c.gate.enter(actors[0])
         if cid is None:
-            return  # a sync closed the gate meanwhile
+            return False  # a sync closed the gate meanwhile
         again = [i for i in chunk if self.issued[i]]
         for i in chunk:
             self.issued[i] += 1
@@ -380,20 +403,40 @@ class _Call:
                                    for need, idx in by_need.items()))  # fmt: skip
         finally:
             self.c.gate.leave(cid)
+        return True
 
     async def _call(self, actor: Any, route: _Route, need: int, idx: list[int]) -> None:
         sampling = attrs.evolve(self.sampling, n=need)
         ref = actor.rollout.remote([self.prompts[i] for i in idx], sampling)
+        left = max(0.1, self.deadline - time.monotonic())
         try:
-            batch: Batch = await asyncio.wait_for(ref, self.policy.request_timeout_s)
-        except _RETRYABLE as err:
-            self.bad.add((route.group, route.incarnation))
-            why = f"{route.group}#{route.incarnation}: {type(err).__name__}: {err}"[:300]
-            for i in idx:
-                self.errors[i] = why
-            log.info("a rollout call on %s#%d failed (%s): its %d prompts are issued again",
-                     route.group, route.incarnation, type(err).__name__, len(idx))  # fmt: skip
+            batch: Batch = await asyncio.wait_for(ref, min(self.policy.request_timeout_s, left))
+            if len(batch.samples) != len(idx):
+                raise ValueError(f"answered {len(batch.samples)} prompts of {len(idx)}")
+        except ray.exceptions.RayTaskError as err:
+            if isinstance(err.cause, ValueError | TypeError):
+                # The request itself is refused (a prompt longer than the engine takes):
+                # every engine would refuse it again.
+                self.fatal = f"{route.group}#{route.incarnation} refused it: {err.cause}"[:300]
+                return
+            self._failed(route, idx, err)
             return
+        except Exception as err:  # a death, a hang, an answer not in the protocol
+            self._failed(route, idx, err)
+            return
+        else:
+            await self._accept(batch, route, idx)
+
+    def _failed(self, route: _Route, idx: list[int], err: BaseException) -> None:
+        """That process is not asked again in this call; its prompts still owe."""
+        self.bad.add((route.group, route.incarnation))
+        why = f"{route.group}#{route.incarnation}: {type(err).__name__}: {err}"[:300]
+        for i in idx:
+            self.errors[i] = why
+        log.info("a rollout call on %s#%d failed (%s): its %d prompts are issued again",
+                 route.group, route.incarnation, type(err).__name__, len(idx))  # fmt: skip
+
+    async def _accept(self, batch: Batch, route: _Route, idx: list[int]) -> None:
         cert = self.c.certify(batch, route)
         if isinstance(cert, str) and "not admitted" in cert:
             cert = await self._admitted(batch, route)

@@ -28,7 +28,10 @@ import torch
 
 from .. import RecoveryError
 
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length")
+# Outside the decoding steps (a prefill, the log-probabilities after the last step) a batch
+# may take longer than one step without being wedged: the probe allows this much there.
+OUTSIDE_STEP_GRACE_S = 30.0
 
 
 class BadSampling(RecoveryError, ValueError):
@@ -138,6 +141,7 @@ class Loop:
         self._abort = threading.Event()
         self.steps = 0
         self.began = self._beat
+        self._outside = False
         # Called at every step, outside the lock (tests wedge a loop here on purpose).
         self.on_step: Callable[[], None] | None = None
 
@@ -145,7 +149,14 @@ class Loop:
         with self._lock:
             self._running, self._beat, self.steps = True, time.monotonic(), 0
             self.began = self._beat
+            self._outside = True
             self._abort.clear()
+
+    def outside_step(self) -> None:
+        """Work that is not a decoding step begins (a prefill, or the post-processing after
+        the last step): the probe allows ``OUTSIDE_STEP_GRACE_S`` until the next beat."""
+        with self._lock:
+            self._beat, self._outside = time.monotonic(), True
 
     def end(self) -> float:
         """The batch's seconds."""
@@ -156,7 +167,7 @@ class Loop:
     def beat(self) -> bool:
         """One decoding step done; True if the batch should stop (aborted)."""
         with self._lock:
-            self._beat = time.monotonic()
+            self._beat, self._outside = time.monotonic(), False
             self.steps += 1
         if self.on_step is not None:
             self.on_step()
@@ -174,10 +185,12 @@ class Loop:
         return self._abort.is_set()
 
     def stalled(self, bound_s: float) -> float | None:
-        """Seconds since the last step, if a batch runs and that exceeds ``bound_s``."""
+        """Seconds since the last step, if a batch runs and that exceeds ``bound_s`` (or the
+        grace, outside a decoding step)."""
         with self._lock:
             idle = time.monotonic() - self._beat
-            return idle if self._running and idle > bound_s else None
+            bound = max(bound_s, OUTSIDE_STEP_GRACE_S) if self._outside else bound_s
+            return idle if self._running and idle > bound else None
 
 
 def hf_sample(
@@ -219,6 +232,7 @@ def _hf_batch(
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     stops = sorted({*eos, *sampling.stop_token_ids})
     greedy = sampling.temperature == 0
+    loop.outside_step()  # the prefill
     with torch.no_grad():
         out = model.generate(
             ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
@@ -229,6 +243,7 @@ def _hf_batch(
             output_logits=True, return_dict_in_generate=True,
             stopping_criteria=StoppingCriteriaList([_Beat(loop)]),
         )  # fmt: skip
+    loop.outside_step()  # the log-probabilities
     new = out.sequences[:, width:]
     logps = torch.stack([torch.log_softmax(x.float(), dim=-1) for x in out.logits], dim=1)
     result: list[tuple[EngineSample, ...]] = []

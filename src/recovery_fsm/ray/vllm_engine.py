@@ -222,8 +222,18 @@ class VLLMEngine:
             self._loop.begin()
             try:
                 ids = [f"rollout-{next(_REQUESTS)}" for _ in prompts]
-                for rid, p in zip(ids, prompts, strict=True):
-                    engine.add_request(rid, {"prompt_token_ids": p}, params)
+                added: list[str] = []
+                try:
+                    for rid, p in zip(ids, prompts, strict=True):
+                        engine.add_request(rid, {"prompt_token_ids": p}, params)
+                        added.append(rid)
+                except Exception:
+                    # A prompt refused (too long, say): none of the batch stays queued, or
+                    # the next generation (a probe, the canary) would run it.
+                    if added:
+                        engine.abort_request(added)
+                    raise
+                self._loop.outside_step()  # the first step is a prefill
                 done: dict[str, Any] = {}
                 while engine.has_unfinished_requests():
                     for out in engine.step():
@@ -232,6 +242,7 @@ class VLLMEngine:
                     if self._loop.beat():
                         engine.abort_request([i for i in ids if i not in done])
                         break
+                self._loop.outside_step()
             finally:
                 elapsed = self._loop.end()
             samples = tuple(_samples(done.get(i), sampling) for i in ids)
