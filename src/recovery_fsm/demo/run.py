@@ -391,9 +391,11 @@ def run(
     out: Path,
     on_status: Callable[[RecoveryRuntime, int, int], None] | None = None,
     note: Callable[[str], None] = print,
+    on_rolling: Callable[[], None] | None = None,
 ) -> RunResult:
     """One run of the seeded scenario in ``mode`` (one of ``RUNS``; Ray must be initialised);
-    returns what it saw."""
+    returns what it saw. ``on_rolling``: called once the rollouts start (a benchmark starts
+    its own load there)."""
     if mode not in RUNS:
         raise ValueError(f"unknown demo run {mode!r}; known: {', '.join(RUNS)}")
     out = out.resolve()  # the store resolves its root: compare like with like below
@@ -438,6 +440,8 @@ def run(
         rolling = time.monotonic()
         for t in rollouts.threads:
             t.start()
+        if on_rolling is not None:
+            on_rolling()
         version = 0
         settle_by = None
         # The planned steps, then quiet ones until every outage has ended (a cold restart
