@@ -419,7 +419,7 @@ def test_a_vllm_standby_takes_over_without_a_boot_pushed_or_loaded_in_place(
     model = trainer()
     rt = RecoveryRuntime(
         tmp_path / "ckpt", groups=["g0"], model_config=LlamaConfig(**CONFIG).to_dict(),
-        engine=ENGINE, journal=journal, tick_s=0.1, probe_interval_s=0.5, grace_s=1.0,
+        engine=WedgeableVLLM, journal=journal, tick_s=0.1, probe_interval_s=0.5, grace_s=1.0,
         call_timeout_s=300.0, standby=1,
     )  # fmt: skip
     standby = rt.controller.standbys
@@ -466,7 +466,26 @@ def test_a_vllm_standby_takes_over_without_a_boot_pushed_or_loaded_in_place(
                  what="g0 on standby-2")  # fmt: skip
         assert rt.generate("g0", PROMPT).tokens == greedy(model)
         assert rt.statistics().recoveries == {"standby": 2}
+
+        # g0's generation loop wedges mid-batch while its actor answers: the monitor's
+        # probes go through the loop and fail it; the batch is answered after g0 recovers.
+        wedged = rt.controller.incarnation("g0")
+        WEDGE.touch()
+        try:
+            box.clear()
+            roller = threading.Thread(target=lambda: box.append(
+                rt.rollout([[4, 5, 6]] * 3, grpo, Policy(deadline_s=240))))  # fmt: skip
+            roller.start()
+            wait_for(lambda: rt.controller.incarnation("g0") > wedged, what="g0 failed by probes")
+        finally:
+            WEDGE.unlink()
+        roller.join(240)
+        [results] = box
+        assert all(len(r.samples) == 4 for r in results)
+        assert all(s.certificate.incarnation > wedged for r in results for s in r.samples)
     loads = [json.loads(x)["event"] for x in journal.read_text().splitlines()
              if '"StandbyLoaded"' in x]  # fmt: skip
-    assert [(e["standby"], e["version"]) for e in loads] == [("standby-2", 1)]
+    assert [(e["standby"], e["version"]) for e in loads][:1] == [("standby-2", 1)]
+    events = [json.loads(x).get("event", {}) for x in journal.read_text().splitlines()]
+    assert any(e.get("kind") == "ProbeFailed" and e["incarnation"] == wedged for e in events)
     assert replay(journal).ok
