@@ -52,7 +52,9 @@ def booter(config: dict[str, Any], offsets: list[float]) -> tuple[Any, list[thre
     """A hook that starts one engine boot (a new Ray worker process that imports torch and
     builds the model) at each offset, then kills it."""
     threads: list[threading.Thread] = []
-    engine = ray.remote(ReferenceEngine).options(num_cpus=0.1)
+    engine = ray.remote(concurrency_groups={"health": 1, "watch": 1})(ReferenceEngine).options(
+        num_cpus=0.1
+    )
 
     def one(at: float, began: float) -> None:
         time.sleep(max(0.0, began + at - time.monotonic()))

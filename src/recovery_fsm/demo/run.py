@@ -205,7 +205,10 @@ class SyntheticTrainer:
 
 class _Rollouts:
     """The trainer's rollouts, through the runtime's rollout path: groups of samples per
-    prompt at temperature 1, in calls paced as a fleet's requests arrive. Each sample's
+    prompt at temperature 1, in calls paced as a fleet's requests arrive. A fleet's capacity
+    is its serving groups (each engine on hardware of its own); here three engines share
+    two cores, so capacity is modelled by the load offered: one paced caller per serving
+    group, each call spread by the runtime over every serving group. Each sample's
     certificate is checked against what the controller believed before the call, and each
     newly admitted process is asked once what it holds."""
 
@@ -219,7 +222,10 @@ class _Rollouts:
         self.admitted: dict[str, tuple[int, int]] = {}  # group -> (incarnation, version)
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._loop, name="rollouts", daemon=True)]
+        self.threads = [
+            threading.Thread(target=self._loop, args=(g,), name=f"rollouts-{g}", daemon=True)
+            for g in rt.groups
+        ]
         self._checked: set[tuple[str, int, int]] = set()
 
     def route(self, effect: fx.RouteTraffic | fx.WithdrawTraffic) -> None:
@@ -233,10 +239,9 @@ class _Rollouts:
     def _check_admissions(self) -> None:
         """What each newly admitted process holds, asked once."""
         with self.lock:
-            admitted = dict(self.admitted)
+            admitted = {g: a for g, a in self.admitted.items() if (g, *a) not in self._checked}
+            self._checked.update((g, *a) for g, a in admitted.items())
         for g, (inc, version) in admitted.items():
-            if (g, inc, version) in self._checked:
-                continue
             actors = self.rt.actors(g, inc)
             if not actors:
                 continue
@@ -244,14 +249,19 @@ class _Rollouts:
                 held = ray.get(actors[0].weights.remote(), timeout=30)
             except Exception:  # the process died under us: the monitor reports it
                 continue
-            self._checked.add((g, inc, version))
             if held.version is None or held.version < version:
                 with self.lock:
                     self.counters.stale_admissions += 1
 
-    def _loop(self) -> None:
-        prompts = [[1 + i, 2, 3, 4] for i in range(2 * len(self.rt.groups))]
+    def _loop(self, group: str) -> None:
+        """Offers load while ``group`` serves."""
+        prompts = [[1 + i, 2, 3, 4] for i in range(2)]
         while not self.stop.is_set():
+            with self.lock:
+                serving = group in self.admitted
+            if not serving:
+                self.stop.wait(0.05)
+                continue
             self._check_admissions()
             # What the controller believes each process holds, read before the call: a
             # sample from older weights means a report (a push, a load) was wrong.
