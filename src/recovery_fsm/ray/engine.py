@@ -49,7 +49,7 @@ import ray
 import torch
 
 from ..export.canary import Answer, greedy
-from .sampling import Batch, EngineWedged, Loop, Sampling, hf_sample
+from .sampling import Batch, Loop, Sampling, hf_sample
 
 
 @attrs.frozen
@@ -114,19 +114,12 @@ class ReferenceEngine:
         return self.held.version
 
     def _probe_loop(self, stall_s: float) -> None:
-        """Make the engine work: a running batch must be stepping; an idle engine runs one
-        forward pass of one token (a load in progress holds the lock: its own deadline
-        covers it)."""
-        stalled = self._loop.stalled(stall_s)
-        if stalled is not None:
-            raise EngineWedged(f"no decoding step for {stalled:.1f} s while a batch runs")
-        if self.model is None or not self._lock.acquire(blocking=False):
-            return
-        try:
-            with torch.no_grad():
-                self.model(input_ids=torch.tensor([[0]]))
-        finally:
-            self._lock.release()
+        if self.model is not None:
+            self._loop.probe(stall_s, self._lock, self._one_token)
+
+    def _one_token(self) -> None:
+        with torch.no_grad():
+            self.model(input_ids=torch.tensor([[0]]))
 
     @ray.method(concurrency_group="health")
     def abort(self) -> bool:

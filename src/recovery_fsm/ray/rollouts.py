@@ -286,7 +286,7 @@ class RolloutClient:
             return Certificate(batch.group, batch.incarnation, batch.version, None)
         step = self._admission(batch.group, batch.incarnation, batch.version)
         if step is None:
-            return f"version {batch.version} not admitted on this process"
+            return f"version {batch.version} {_NOT_ADMITTED}"
         return Certificate(batch.group, batch.incarnation, batch.version, step)
 
     def count(self, **deltas: int) -> None:
@@ -299,6 +299,7 @@ class RolloutClient:
             return attrs.evolve(self.counters)
 
 
+_NOT_ADMITTED = "not admitted on this process"  # yet, perhaps: the sync's record may follow
 _ADMISSION_WAIT_S = 10.0  # a batch at a pushed version waits this long for the sync's report
 
 
@@ -438,7 +439,7 @@ class _Call:
 
     async def _accept(self, batch: Batch, route: _Route, idx: list[int]) -> None:
         cert = self.c.certify(batch, route)
-        if isinstance(cert, str) and "not admitted" in cert:
+        if isinstance(cert, str) and cert.endswith(_NOT_ADMITTED):
             cert = await self._admitted(batch, route)
         if isinstance(cert, str) or (self.target is not None and cert.version != self.target):
             why = cert if isinstance(cert, str) else f"version {cert.version}"

@@ -28,7 +28,6 @@ import torch
 
 from .. import RecoveryError
 
-FINISH_REASONS = ("stop", "length")
 # Outside the decoding steps (a prefill, the log-probabilities after the last step) a batch
 # may take longer than one step without being wedged: the probe allows this much there.
 OUTSIDE_STEP_GRACE_S = 30.0
@@ -183,6 +182,20 @@ class Loop:
     @property
     def aborted(self) -> bool:
         return self._abort.is_set()
+
+    def probe(self, stall_s: float, lock: threading.Lock, work: Callable[[], object]) -> None:
+        """The probe through the loop: a running batch must have stepped within ``stall_s``
+        (else ``EngineWedged``); an idle engine (``lock`` free) runs ``work``, a one-token
+        pass. A load in progress holds ``lock``: its own deadline covers it."""
+        stalled = self.stalled(stall_s)
+        if stalled is not None:
+            raise EngineWedged(f"no engine step for {stalled:.1f} s while a batch runs")
+        if not lock.acquire(blocking=False):
+            return
+        try:
+            work()
+        finally:
+            lock.release()
 
     def stalled(self, bound_s: float) -> float | None:
         """Seconds since the last step, if a batch runs and that exceeds ``bound_s`` (or the

@@ -50,7 +50,7 @@ import torch
 
 from ..export.canary import Answer
 from .engine import Generation, WeightsHeld, manifest_version
-from .sampling import Batch, EngineSample, EngineWedged, Loop, Sampling
+from .sampling import Batch, EngineSample, Loop, Sampling
 from .vllm_worker import shard_files
 
 _REQUESTS = itertools.count()  # request ids, unique within the process
@@ -112,15 +112,9 @@ class VLLMEngine:
     def ping(self, stall_s: float | None = None) -> int | None:
         """The version the engine itself says it holds (``set_weight_version``); with
         ``stall_s``, through the generation loop (see ``engine.py``)."""
-        if stall_s is not None:
-            stalled = self._loop.stalled(stall_s)
-            if stalled is not None:
-                raise EngineWedged(f"no engine step for {stalled:.1f} s while a batch runs")
-            if self.llm is not None and self._lock.acquire(blocking=False):
-                try:
-                    self._generate_locked([0], 1, until_eos=False)
-                finally:
-                    self._lock.release()
+        if stall_s is not None and self.llm is not None:
+            self._loop.probe(stall_s, self._lock,
+                             lambda: self._generate_locked([0], 1, until_eos=False))  # fmt: skip
         return self._held_version()
 
     @ray.method(concurrency_group="health")
