@@ -68,6 +68,13 @@ class SlowEngine(ReferenceEngine):
                 break
             time.sleep(0.05)
 
+    def update_weights(self, version: int, weights: dict[str, Any]) -> Any:
+        """A push waits while the file ``<flags>/push`` exists, so a test can act on the
+        fleet while a sync holds the gate, however fast the drain was."""
+        while os.path.exists(os.path.join(self.FLAGS, "push")):
+            time.sleep(0.05)
+        return super().update_weights(version, weights)
+
 
 def slow_engine(flags: Path) -> type[SlowEngine]:
     return type("SlowEngine", (SlowEngine,), {"FLAGS": str(flags)})
@@ -503,11 +510,13 @@ def test_two_groups_killed_at_once_during_a_sync_lose_no_sample_in_either_pause_
         roller.start()
         wait_for(lambda: rt.rollouts.gate.in_flight() > 0, what="rollouts in flight")
         versions.step(2)
+        (flags / "push").touch()  # the push waits, the gate stays held
         syncer = threading.Thread(target=rt.sync, args=(versions.model, 2))
         syncer.start()
         wait_for(lambda: rt.rollouts.gate.held, what="the sync's gate")
         rt.kill("g0")
         rt.kill("g1")
+        (flags / "push").unlink()
         syncer.join(60)
         wait_for(lambda: all(r is not None and r[0] >= 2 for g, r in rt.routes.items()
                              if g != "g2"), what="g0 and g1 recovered")  # fmt: skip
