@@ -44,8 +44,9 @@ def _os_error(err: OSError) -> str:
 
 def _read_journal(path: str) -> list[dict[str, Any]]:
     """A journal's records, checked for the shape every reader assumes (objects; one
-    header, first), so that what is not a journal is named as such."""
-    from ..journal import read_journal
+    header, first: ``read_journal`` refuses a second), so that what is not a journal is
+    named as such."""
+    from ..journal import MixedJournal, read_journal
 
     if Path(path).is_dir():
         raise Failed(f"{path} is a directory; pass the journal file in it (journal.jsonl)")
@@ -53,6 +54,8 @@ def _read_journal(path: str) -> list[dict[str, Any]]:
         records = list(read_journal(path))
     except OSError as err:
         raise Failed(f"{_os_error(err)}; pass a journal file (a run's journal.jsonl)") from err
+    except MixedJournal:
+        raise  # a journal, of two runs: its own message says where to split it
     except RecoveryError as err:
         raise Failed(f"{err}; pass a journal file (a run's journal.jsonl)") from err
     if not records:
@@ -61,9 +64,6 @@ def _read_journal(path: str) -> list[dict[str, Any]]:
         what = None
         if not isinstance(record, dict):
             what = f"line {n} is {json.dumps(record)[:40]}, not a JSON object"
-        elif "header" in record and n > 1:
-            raise Failed(f"{path}: a second header at line {n}: two runs appended to one file? "
-                         "Use each run's own journal")  # fmt: skip
         elif "header" in record and not isinstance(record["header"], dict):
             what = "its header is not a JSON object"
         elif "event" in record and not isinstance(record["event"], dict):
@@ -289,7 +289,8 @@ def _parser() -> argparse.ArgumentParser:
                         "a demo replaces the previous demo's files there, and refuses a "
                         "directory holding anything else (default demo-out)")  # fmt: skip
     m.add_argument("--standby", type=_at_least_0, default=1,
-                   help="warm standby engines in the standby run (default 1; 0: no such run)")
+                   help="warm standby engines in the standby run (default 1; 0: no such "
+                        "run)")  # fmt: skip
     m.add_argument("--runs", type=_runs, default=None,
                    help="which runs, comma-separated, of standby, immediate, cold, free "
                         "(default all: the same scenario each way, and without failures for "

@@ -38,6 +38,10 @@ FORMAT = "recovery_fsm/2"
 _VERSION = r"(0|[1-9][0-9]*)"
 _FINAL = re.compile(rf"step-{_VERSION}")
 _TEMP = re.compile(rf"\.tmp-step-{_VERSION}-[0-9a-f]{{12}}")
+# The shared-root check's marker file (ray/placement.py), named here with the rest of the
+# root: the store neither adopts nor removes one (a check that was killed leaves its marker
+# for the next check to remove).
+_MARKER = re.compile(r"\.recovery-fsm-shared-[0-9a-f]{32}")
 
 
 @attrs.frozen
@@ -53,6 +57,19 @@ def checkpoint_version(name: str) -> int | None:
     name (``step-<v>``, ``v`` in plain decimal), else None."""
     m = _FINAL.fullmatch(name)
     return int(m.group(1)) if m else None
+
+
+def shared_marker_name(token: str) -> str:
+    """The name of the shared-root check's marker for ``token`` (32 hex digits)."""
+    name = f".recovery-fsm-shared-{token}"
+    if not _MARKER.fullmatch(name):
+        raise UnsafePath(f"a shared-root marker's token is 32 hex digits, got {token!r}")
+    return name
+
+
+def is_shared_marker(name: str) -> bool:
+    """``name`` is one the shared-root check writes (``shared_marker_name``), nothing else."""
+    return _MARKER.fullmatch(name) is not None
 
 
 def _check_version(version: object) -> int:
@@ -161,13 +178,14 @@ class CheckpointStore:
 
         A checkpoint is adopted on ``verify(full=full)``: by default its manifest, file set
         and sizes, not its bytes (that would read every checkpoint at start-up). The load
-        that boots a group from it checks every byte, and refuses a corrupted one."""
+        that boots a group from it checks every byte, and refuses a corrupted one. A
+        shared-root marker is ignored, whatever it is: the check that wrote it removes it."""
         committed: dict[int, Path] = {}
         removed: list[Path] = []
         invalid: list[tuple[Path, str]] = []
         ignored: list[Path] = []
         for child in sorted(self.root.iterdir()):
-            if child.is_symlink():
+            if child.is_symlink() or is_shared_marker(child.name):
                 ignored.append(child)
             elif _TEMP.fullmatch(child.name) and child.is_dir():
                 shutil.rmtree(child)

@@ -1,6 +1,12 @@
 """The journal on disk (JSON lines), and what is read off it: the ledger of what happened
 and the timeline picture (``timeline`` needs the ``[demo]`` extra)."""
 
-from .jsonl import JsonlJournal, read_journal, trim_torn_tail
+from .jsonl import JsonlJournal, MixedJournal, mixed_journal, read_journal, trim_torn_tail
 
-__all__ = ["JsonlJournal", "read_journal", "trim_torn_tail"]
+__all__ = [
+    "JsonlJournal",
+    "MixedJournal",
+    "mixed_journal",
+    "read_journal",
+    "trim_torn_tail",
+]

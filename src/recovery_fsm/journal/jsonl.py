@@ -11,6 +11,28 @@ from typing import IO, Any
 from ..errors import MalformedEvent
 
 
+class MixedJournal(MalformedEvent):
+    """A journal holding more than one run: a header after its first record, most often a
+    second run appended to the same path. Every reader refuses it alike, because whatever
+    it rebuilt or counted from it would be a mix that no run was."""
+
+
+def mixed_journal(source: str | os.PathLike[str] | None, line: int, step: object) -> MixedJournal:
+    """The one refusal of a mixed journal, for every reader: which file, where the second
+    run starts, and what to do. ``source`` None: records fed one by one (a ``Ledger``), and
+    ``line`` counts records."""
+    where, at = (
+        ("a ledger fed record by record", f"record {line}")
+        if source is None
+        else (os.fspath(source), f"line {line}")
+    )
+    return MixedJournal(
+        f"{where}: a second run's header at {at} (step {step}): this journal holds more than "
+        f"one run, appended to one file. Split it before {at} and use each run's own journal; "
+        "a resume never rebuilds a controller from a mix of runs"
+    )
+
+
 class JsonlJournal:
     """A journal sink writing one JSON object per line; flushed per record so a crash keeps
     everything up to the last event."""
@@ -44,7 +66,10 @@ class JsonlJournal:
 
 def read_journal(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Each line's record, checked to be a JSON object (a damaged line raises
-    ``MalformedEvent`` naming the file and line)."""
+    ``MalformedEvent`` naming the file and line), in a file holding one run: a header after
+    the first record raises ``MixedJournal``. Every reader of a journal file goes through
+    here, so none of them (replay, rebuild, resume, ledger, timeline, CLI) reads a mix."""
+    first = True
     with Path(path).open("rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
@@ -61,6 +86,9 @@ def read_journal(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                 raise MalformedEvent(
                     f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}"
                 )
+            if "header" in record and not first:
+                raise mixed_journal(path, lineno, record.get("step"))
+            first = False
             yield record
 
 

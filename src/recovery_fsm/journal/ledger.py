@@ -37,6 +37,7 @@ from ..machines import (
     SwitchState,
     sync_verdict,
 )
+from .jsonl import mixed_journal, read_journal
 
 PATHS = ("standby", "immediate", "waited", "cold")
 
@@ -131,20 +132,22 @@ class Ledger:
         # Per sync, how the previous version's export had fared (the rules' verdict).
         self.sync_verdicts: dict[str, int] = dict.fromkeys(SYNC_VERDICTS, 0)
         self.refused = 0  # records of refused events
+        self._taken = 0  # records folded so far: a header after the first is a second run
         self._outages: dict[str, _Outage] = {}
         for record in records:
             self.add(record)
 
     @classmethod
     def read(cls, path: str | Path) -> Ledger:
-        from .jsonl import read_journal
-
+        """The ledger of a journal file (one holding two runs raises ``MixedJournal``)."""
         return cls(read_journal(path))
 
     # -- folding -----------------------------------------------------------------------------
 
     def add(self, record: Mapping[str, Any]) -> None:
-        """Take one journal record (the header, an event, or a refusal)."""
+        """Take one journal record (the header, an event, or a refusal). A header after the
+        first record raises ``MixedJournal`` and changes nothing: two runs' facts would
+        fold into figures of neither."""
         with self._lock:
             self._add(record)
 
@@ -152,6 +155,9 @@ class Ledger:
         self.add(record)
 
     def _add(self, record: Mapping[str, Any]) -> None:
+        if "header" in record and self._taken:
+            raise mixed_journal(None, self._taken + 1, record.get("step"))
+        self._taken += 1
         if "header" in record:
             self.header = record["header"]
             self.version = int(record["header"].get("initial_version", 0))

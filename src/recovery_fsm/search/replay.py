@@ -96,6 +96,8 @@ def _opening(
 
 
 def replay(path: str | os.PathLike[str], rules: type[Rules] | None = None) -> ReplayReport:
+    """Replay the run a journal holds (one holding two runs raises ``MixedJournal``, from
+    ``read_journal``, before anything is replayed)."""
     records = list(read_journal(path))
     config, initial_version, cls = _opening(path, records, rules)
     c = RecoveryController(config, initial_version=initial_version, rules=cls)
@@ -110,11 +112,6 @@ def replay(path: str | os.PathLike[str], rules: type[Rules] | None = None) -> Re
                 found = [f"(recorded by the search) {f}" for f in record["finding"]]
                 return _report(cls, steps, record.get("step", steps), found, divergences)
             continue
-        if "header" in record:
-            raise MalformedEvent(
-                f"{path}: a second header at step {record.get('step')}: two runs appended "
-                "to one file? Replay each run from its own file"
-            )
         if "event" not in record:
             raise MalformedEvent(f"{path}: a record without an event: {record!r:.120}")
         step = record.get("step", steps + 1)
@@ -161,7 +158,8 @@ def rebuild(
     controller refused unread. Ordinary refusals changed nothing and are skipped, as is any
     event the fresh controller refuses. This is how to go on after ``ControllerBroken``:
     rebuild with fixed ``rules``, look at ``outstanding()``, carry on. A journal with a gap
-    (records a failing sink lost) is refused: the state it would give is not the real one."""
+    (records a failing sink lost) is refused: the state it would give is not the real one;
+    so is one holding two runs (``MixedJournal``, from ``read_journal``)."""
     records = list(read_journal(path))
     config, initial_version, cls = _opening(path, records, rules)
     c = RecoveryController(config, initial_version=initial_version, rules=cls, journal=journal)
