@@ -11,6 +11,7 @@ import pytest
 from recovery_fsm import RecoveryConfig, RecoveryController
 from recovery_fsm import events as ev
 from recovery_fsm.effects import DeleteCheckpoint, Effect
+from recovery_fsm.machines import LOADING, RELAUNCHING, STANDBY_FINAL, UP, GroupState
 
 # A tiny Llama for the engines on Ray (the reference engine's tests).
 TINY_LLAMA: dict[str, Any] = dict(
@@ -50,6 +51,31 @@ class Driver:
         effects = self.c.handle(cls(*args, at=self.now(), **kwargs))  # type: ignore[call-arg]
         assert self.c.check_invariants() == []
         return effects
+
+    def processes(self) -> list[str]:
+        """Every process a resume would find alive: each group's current one while it has
+        one, and each live standby (``<name>#<incarnation>``)."""
+        has_process = UP | LOADING | RELAUNCHING | {GroupState.RESUMING}
+        out = [f"{n}#{g.incarnation}" for n, g in self.c.groups().items() if g.state in has_process]
+        return out + [
+            f"{n}#1" for n, s in self.c.standbys().items() if s.state not in STANDBY_FINAL
+        ]
+
+    def resume(
+        self,
+        version: int,
+        *,
+        gone: Iterable[str] = (),
+        silent: Iterable[str] = (),
+        strays: Iterable[str] = (),
+        epoch: int | None = None,
+    ) -> tuple[Effect, ...]:
+        """A resume at ``version`` that finds every live process but those ``gone`` (none
+        left) or ``silent`` (listed, mute), and ``strays`` beside them."""
+        missing = {*gone, *silent}
+        found = [p for p in self.processes() if p not in missing] + list(strays)
+        return self.send(ev.Resumed, version, epoch=self.c.epoch + 1 if epoch is None else epoch,
+                         found=found, silent=list(silent))  # fmt: skip
 
     def inc(self, group: str) -> int:
         """The group's current incarnation."""

@@ -415,6 +415,13 @@ def test_an_event_subclass_is_not_an_event(driver: Driver, journal: list[dict[st
         (lambda: ev.ExportStarted(1, pinned="yes", at=1.0), "True or False"),
         (lambda: ev.ExportStarted(1, pinned=1, at=1.0), "True or False"),
         (lambda: ev.Tick(at=math.inf), "finite"),
+        (lambda: ev.Resumed(1, epoch=0, found=[], silent=[], at=1.0), "int >= 1"),
+        (lambda: ev.Resumed(1, epoch=2, found="g1#1", silent=[], at=1.0), "list of processes"),
+        (lambda: ev.Resumed(1, epoch=2, found=["g1"], silent=[], at=1.0), "<name>#<inc"),
+        (lambda: ev.Resumed(1, epoch=2, found=["g1#01"], silent=[], at=1.0), "<name>#<inc"),
+        (lambda: ev.Resumed(1, epoch=2, found=[" g1#1"], silent=[], at=1.0), "<name>#<inc"),
+        (lambda: ev.Resumed(1, epoch=2, found=["g1#1", "g1#1"], silent=[], at=1.0), "twice"),
+        (lambda: ev.Resumed(1, epoch=2, found=["g1#1"], silent=["g1#1"], at=1.0), "and as silent"),
     ],
 )
 def test_malformed_fields_are_refused_at_construction(
@@ -429,6 +436,7 @@ def test_malformed_fields_are_refused_at_construction(
 _VALID: dict[str, object] = {
     "version": 1, "group": "g1", "incarnation": 1, "groups": {"g1": 1}, "path": "/p",
     "error": "", "reason": "", "pinned": False, "standby": "standby-1",
+    "epoch": 2, "found": ["g1#1"], "silent": [],
 }  # fmt: skip
 
 
@@ -438,9 +446,12 @@ def test_at_cannot_be_passed_positionally(cls: type[ev.Event]) -> None:
     flag) when fields are added: ``at`` is keyword-only on every event."""
     assert attrs.fields_dict(cls)["at"].kw_only
     positional = [_VALID[f.name] for f in attrs.fields(cls) if not f.kw_only]
-    assert isinstance(cls(*positional, at=5.0), cls)  # the same values, keyword at: fine
+    # Keyword-only fields without a default (a resume's epoch and findings) given as such.
+    required = {f.name: _VALID[f.name] for f in attrs.fields(cls)
+                if f.kw_only and f.default is attrs.NOTHING and f.name != "at"}  # fmt: skip
+    assert isinstance(cls(*positional, at=5.0, **required), cls)  # keyword at: fine
     with pytest.raises(TypeError):
-        cls(*positional, 5.0)  # type: ignore[call-arg]
+        cls(*positional, 5.0, **required)  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(
@@ -525,6 +536,7 @@ def _values(cls: type[ev.Event]) -> dict[str, object]:
         "groups": {_Name("g1"): 1}, "error": _Name("e"), "reason": _Name("r"),
         "evidence": _Name("d"),
         "pinned": False, "at": _Seconds(5.0), "standby": _Name("standby-1"),
+        "epoch": 2, "found": [_Name("g1#1")], "silent": [_Name("g2#3")],
     }  # fmt: skip
     return {f.name: plain[f.name] for f in attrs.fields(cls)}
 
@@ -540,6 +552,8 @@ def test_every_field_of_every_event_is_a_plain_immutable_value(cls: type[ev.Even
         if isinstance(value, Mapping):
             assert type(value) is ev.Incarnations
             assert all(type(k) is str and type(v) is int for k, v in value.items())
+        elif isinstance(value, tuple):  # processes a resume found
+            assert all(type(p) is str for p in value), (field.name, value)
         else:
             assert type(value) in {str, int, float, bool}, (field.name, type(value))
     assert hash(event) == hash(cls(**_values(cls)))

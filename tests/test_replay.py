@@ -193,7 +193,7 @@ def test_a_torn_last_line_is_cut_and_the_rebuilt_controller_goes_on_in_the_same_
         assert last is not None
         # A link on a clock far behind the recording (another host) stamps after it.
         link = ControllerLink(c, clock=lambda: 0.5)
-        link.send(ev.Resumed, version=c.version)
+        link.send(ev.Resumed, version=c.version, epoch=2, found=["g0#1"], silent=[])
     records = list(read_journal(path))
     assert [r["step"] for r in records[1:]] == [*steps[1:], steps[-1] + 1]
     assert records[-1]["event"]["kind"] == "Resumed" and records[-1]["event"]["at"] >= last
@@ -228,7 +228,7 @@ def test_a_resume_after_the_kept_final_states_filled_up_replays_clean(tmp_path: 
     path = tmp_path / "long.jsonl"
     with JsonlJournal(path) as sink:
         c = _steps(RecoveryController(RecoveryConfig(), journal=sink), 25, pinned=20)
-        c.handle(ev.Resumed(20, at=30.0))
+        c.handle(ev.Resumed(20, epoch=2, found=["g0#1"], silent=[], at=30.0))
         c.handle(ev.CheckpointDeleted(25, at=31.0))
         c.handle(ev.GroupVerified("g0", 1, 25, at=32.0))
     report = replay(path)

@@ -265,6 +265,12 @@ class RecoveryController:
         return self._rules.fleet.version
 
     @property
+    def epoch(self) -> int:
+        """The run's epoch: 1, then one above each resume's predecessor (engines refuse an
+        older epoch's commands)."""
+        return self._rules.epoch
+
+    @property
     def closed(self) -> bool:
         return self._rules.closed
 

@@ -85,6 +85,17 @@ class StopGroup(Effect):
 
 
 @attrs.frozen
+class StopFound(Effect):
+    """Kill a process a resume found (``name``, ``incarnation``: what it answered, or its
+    name in the run's namespace) that the rules keep as nobody's: a group's old incarnation,
+    a lost standby, a name the controller does not know, or one that did not answer."""
+
+    name: str
+    incarnation: int
+    reason: str
+
+
+@attrs.frozen
 class RetireGroup(Effect):
     """``group`` spent its restart budget: tear it down for good."""
 

@@ -52,6 +52,12 @@ class ControllerBroken(RecoveryError):
         return (type(self), (str(self), _portable(self.first)))
 
 
+class Fenced(RecoveryError):
+    """A command or a journal record from a run epoch older than the one that now owns the
+    fleet: a resume replaced that run, and what it sends is refused (by the engine, or by
+    the journal's owner file), never executed."""
+
+
 class ControllerStopped(RecoveryError):
     """The runtime stopped because its controller broke (fail-stop): no effect runs any
     more, and every call of the trainer's raises this. ``journal`` is where the controller's
@@ -65,10 +71,17 @@ class ControllerStopped(RecoveryError):
             if journal
             else "it kept no journal, so it cannot be rebuilt: start a new runtime"
         )
-        super().__init__(
-            f"the recovery controller stopped after an internal error ({first}); the runtime "
-            f"executes nothing more; {where}"
-        )
+        if isinstance(first, Fenced):
+            message = (
+                f"this runtime was replaced by a resume ({first}); it executes nothing more: "
+                "the resumed runtime owns the fleet and the journal"
+            )
+        else:
+            message = (
+                f"the recovery controller stopped after an internal error ({first}); the "
+                f"runtime executes nothing more; {where}"
+            )
+        super().__init__(message)
         self.first = first
         self.journal = journal
 

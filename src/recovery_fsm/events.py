@@ -168,17 +168,42 @@ class CheckpointDeleted(Event):
     at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
 
+def _to_processes(value: Any) -> tuple[str, ...]:
+    """Processes named ``<name>#<incarnation>``, as a sorted tuple without repeats."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, frozenset, set)):
+        raise MalformedEvent(
+            f"expected a list of processes named '<name>#<incarnation>', got {value!r:.80}"
+        )
+    out: set[str] = set()
+    for item in value:
+        valid.process_name(item)
+        out.add(str.__str__(item))
+    if len(out) != len(value):
+        raise MalformedEvent(f"a process is listed twice in {sorted(out)}")
+    return tuple(sorted(out))
+
+
 @attrs.frozen
 class Resumed(Event):
     """The trainer restarted from its own checkpoint of ``version`` and a new runtime took
-    over this controller (rebuilt from its journal). What the old runtime had in flight died
-    with it: exports, starts' reports, deletes. Before sending this, the runtime killed every
-    process that is not a group's current one (standbys, starts killed at a deadline), so
-    their leases may end; each group's current process, if it survived, must say what it
-    holds (``VerifyGroup``) before it is trusted."""
+    over this controller (rebuilt from its journal) as run ``epoch``, above every epoch
+    before it: the engines it found learned that epoch and refuse every older one's
+    command, so the run it replaces can no longer act. What the old runtime had in flight
+    died with it: exports, starts' reports, deletes. ``found`` names every process of the
+    run that answered who it is (``<group or standby>#<incarnation>``), ``silent`` those
+    listed in the run's namespace that did not answer in time; the rules decide which to
+    keep (and ask what each holds before trusting it) and which to stop."""
 
     version: int = attrs.field(validator=valid.version)
+    epoch: int = attrs.field(validator=valid.incarnation, kw_only=True)
+    found: tuple[str, ...] = attrs.field(converter=_to_processes, kw_only=True)
+    silent: tuple[str, ...] = attrs.field(converter=_to_processes, kw_only=True)
     at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+
+    @found.validator
+    def _apart(self, _attr: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+        if both := sorted(set(value) & set(self.silent)):
+            raise MalformedEvent(f"processes {both} are listed as found and as silent")
 
 
 @attrs.frozen

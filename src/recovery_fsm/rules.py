@@ -43,15 +43,19 @@ One line per event (``on_<Event>`` below, in this order):
 * CheckpointUnpinned(v)     the user lets C(v) go: deleted once superseded and unleased; a
   stale export of it is cancelled. A ready C(v) stays the recovery source.
 * CheckpointDeleted(v)      the files are gone.
-* Resumed(v)                the trainer restarted from its checkpoint of v, and a new runtime
-  took over (after killing every process that is not a group's current one). The fleet is
-  at v again; what the old runtime had in flight died with it. Exports end; checkpoints
-  newer than v are deleted once unleased (pinned or not: that future is not followed), and
-  a committed C(v) is the recovery source again; deletes are asked again. Every group with a
-  process is ``resuming``: not routed, its start (and lease) kept until it answers
-  (``VerifyGroup``); a group awaiting a checkpoint recovers anew. Every standby is
-  ``resuming`` likewise (``VerifyStandby``): never claimed or pushed to before it answers, so
-  a standby that survived costs no boot.
+* Resumed(v, epoch, found)   the trainer restarted from its checkpoint of v, and a new
+  runtime took over as a higher epoch (an epoch not above the run's is refused): the engines
+  it found learned that epoch, so the runtime it replaces can no longer act. The fleet is at
+  v again; what the old runtime had in flight died with it. Every process found that is no
+  group's current one nor a live standby is stopped first (``StopFound``). Exports end;
+  checkpoints newer than v are deleted once unleased (pinned or not: that future is not
+  followed), and a committed C(v) is the recovery source again; deletes are asked again.
+  Every group whose current process answered is ``resuming``: not routed, its start (and
+  lease) kept until it says what it holds (``VerifyGroup``); one whose process is gone, or
+  did not answer (stopped), has failed and recovers (not a failed load: nobody knows whether
+  it ran); a group awaiting a checkpoint recovers anew. Every standby that answered is
+  ``resuming`` likewise (``VerifyStandby``): never claimed or pushed to before it answers,
+  so a standby that survived costs no boot; the others are lost.
 * Shutdown                  every group and standby stops; checkpoints stop being sources.
   Outcomes of starts still in flight are accepted afterwards, and drain the controller.
 * Tick                      deadlines: a wait for C(v) past its timeout goes cold; a load or a
@@ -216,6 +220,9 @@ class Rules:
         # The version the trainer last resumed at: a resuming process gets no push of the
         # new run, so weights it answers holding above it are the abandoned future's.
         self.resumed_at: int | None = None
+        # The run's epoch: 1 for the run that started, raised by every resume. Engines refuse
+        # an older epoch's commands, so a replaced runtime that still runs cannot act.
+        self.epoch = 1
         self.closed = False
         self.checkpoints: dict[int, CheckpointSlot] = {}
         self.finished: dict[int, str] = {}  # versions whose checkpoint reached a final state
@@ -433,10 +440,59 @@ class Rules:
                 f"Resumed at version {e.version}, but the fleet has only reached "
                 f"{self.fleet.version}: a trainer resumes from a checkpoint it wrote"
             )
+        if e.epoch <= self.epoch:
+            raise EventNotAllowed(
+                f"Resumed as epoch {e.epoch}, but the run is at epoch {self.epoch} already: "
+                "a resume fences the run it replaces with a higher epoch"
+            )
 
     def on_Resumed(self, e: ev.Resumed, _: None) -> None:
         v = self.fleet.version = self.resumed_at = e.version
+        self.epoch = e.epoch
         self.announced = False  # nobody exports v again: a failure does not wait for it
+        current = self._current_processes()
+        answered = set(e.found)
+        # First: whatever was found and is nobody's current process goes, before any lease
+        # it might hold ends below (so a checkpoint it reads is deleted only after the kill).
+        for pid in sorted((answered | set(e.silent)) - set(current)):
+            name, _sep, number = pid.rpartition("#")
+            self._emit(fx.StopFound(name, int(number), "nobody's process at the resume"))
+        self._resume_checkpoints(v)
+        for sb in list(self.standbys.values()):
+            if sb.record.state in STANDBY_FINAL:  # its start's process is stopped above, or gone
+                self._end_standby_start(sb)
+                self._forget_standby(sb)
+        for (name, incarnation), start in list(self.starts.items()):
+            g = self.groups.get(name)
+            if g is None or (
+                incarnation == g.record.incarnation and g.record.state == GroupState.RESUMING
+            ):
+                continue  # still to answer an earlier resume's verification
+            if self._orphaned(g, incarnation, start):
+                self._end_start(g, incarnation)  # its process is stopped above, or was gone
+        for pid, slot in current.items():
+            self._resume_process(slot, pid in answered)
+        for pid, slot in current.items():
+            if pid not in answered:
+                self._resume_lost(slot, pid in e.silent)
+        for g in list(self.groups.values()):
+            if g.record.state == GroupState.AWAITING_CHECKPOINT:
+                self._recover(g, may_wait=False)  # the export it awaited died
+
+    def _current_processes(self) -> dict[str, GroupSlot | StandbySlot]:
+        """Every process the rules count as a group's current one or a standby, by name."""
+        out: dict[str, GroupSlot | StandbySlot] = {}
+        for g in self.groups.values():
+            r = g.record
+            if r.state in UP | LOADING | RELAUNCHING | {GroupState.RESUMING}:
+                out[f"{r.name}#{r.incarnation}"] = g
+        for sb in self.standbys.values():
+            if sb.record.state not in STANDBY_FINAL:
+                out[f"{sb.record.name}#1"] = sb
+        return out
+
+    def _resume_checkpoints(self, v: int) -> None:
+        """Exports end; the future's checkpoints go once unleased; C(v) serves again."""
         for ck in list(self.checkpoints.values()):
             rec = ck.record
             if rec.state in {CheckpointState.EXPORTING, CheckpointState.ABANDONED}:
@@ -460,36 +516,42 @@ class Rules:
                 self._emit(fx.DeleteCheckpoint(rec.version, rec.path))
         for version in [x for x in self.finished if x > v]:
             del self.finished[version]  # versions above v will be synced and exported anew
-        for sb in list(self.standbys.values()):
-            s = sb.record
-            if s.state in STANDBY_FINAL:
-                self._end_standby_start(sb)  # the runtime killed it before this event
-                self._forget_standby(sb)
-                continue
+
+    def _resume_process(self, slot: GroupSlot | StandbySlot, answered: bool) -> None:
+        """A current process at a resume is ``resuming``: found and answering, it must say
+        what it holds before it is trusted (its start and lease go on until it does)."""
+        if isinstance(slot, StandbySlot):
+            s = slot.record
             if s.state != StandbyState.RESUMING:  # else: its verification died unanswered
-                self._fire_standby(sb, StandbyEvent.RESUME)
-            # Its boot or load goes on (and its lease with it): the answer ends both.
-            start = self.starts.get((s.name, 1))
-            self.starts[(s.name, 1)] = Start("verify", None if start is None else start.lease)
+                self._fire_standby(slot, StandbyEvent.RESUME)
             s.version, s.since = None, self.now
-            self._emit(fx.VerifyStandby(s.name))
-        for (name, incarnation), start in list(self.starts.items()):
-            g = self.groups.get(name)
-            if g is None or (
-                incarnation == g.record.incarnation and g.record.state == GroupState.RESUMING
-            ):
-                continue  # still to answer an earlier resume's verification
-            if self._orphaned(g, incarnation, start):
-                self._end_start(g, incarnation)  # killed before this event; nobody reports
-        for g in list(self.groups.values()):
-            r = g.record
-            if r.state in UP | LOADING | RELAUNCHING | {GroupState.RESUMING}:
-                if r.state != GroupState.RESUMING:  # else: its verification died unanswered
-                    self._fire_group(g, GroupEvent.RESUME)
-                r.version, r.since = None, self.now
-                self._emit(fx.VerifyGroup(r.name, r.incarnation))
-            elif r.state == GroupState.AWAITING_CHECKPOINT:
-                self._recover(g, may_wait=False)  # the export it awaited died
+            if answered:
+                start = self.starts.get((s.name, 1))
+                self.starts[(s.name, 1)] = Start("verify", None if start is None else start.lease)
+                self._emit(fx.VerifyStandby(s.name))
+            return
+        r = slot.record
+        if r.state != GroupState.RESUMING:
+            self._fire_group(slot, GroupEvent.RESUME)
+        r.version, r.since = None, self.now
+        if answered:
+            self._emit(fx.VerifyGroup(r.name, r.incarnation))
+
+    def _resume_lost(self, slot: GroupSlot | StandbySlot, silent: bool) -> None:
+        """A current process the resume did not find answering: gone, or stopped here for
+        its silence. It has failed (a group recovers, a standby is lost), not as a failed
+        load: nobody knows whether its load ran. After every survivor is ``resuming``, so a
+        recovery here never claims a standby that has not answered yet."""
+        if isinstance(slot, StandbySlot):
+            if silent:
+                self._emit(fx.StopStandby(slot.record.name, "silent at the resume"))
+            self._lose_standby(slot)
+            return
+        r = slot.record
+        if silent:
+            self._emit(fx.StopGroup(r.name, r.incarnation, "silent at the resume"))
+        self._end_start(slot)
+        self._fail(slot)
 
     def check_Shutdown(self, e: ev.Shutdown) -> None:
         self._require_open(e)

@@ -34,6 +34,22 @@ def name(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         )
 
 
+def process_name(value: Any) -> None:
+    """``<name>#<incarnation>``: how a resume names a process it found."""
+    name_, sep, number = value.rpartition("#") if isinstance(value, str) else ("", "", "")
+    if (
+        not sep
+        or not name_
+        or name_ != name_.strip()
+        or not number.isdigit()
+        or str(int(number)) != number
+        or int(number) < 1
+    ):
+        raise MalformedEvent(
+            f"a process is named '<name>#<incarnation>' (incarnation an int >= 1), got {value!r}"
+        )
+
+
 def time(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise MalformedEvent(f"{attr.name} must be a finite number of seconds, got {value!r}")

@@ -508,8 +508,9 @@ RESUME_VARIANTS = (
         "holds: a process still on the abandoned future's weights gets traffic.",
         (
             (
-                f"{IN * 3}if r.state in UP | LOADING | RELAUNCHING | {{GroupState.RESUMING}}:\n",
-                f"{IN * 3}if r.state in LOADING | RELAUNCHING | {{GroupState.RESUMING}}:\n",
+                f"{IN * 2}r = slot.record\n{IN * 2}if r.state != GroupState.RESUMING:\n",
+                f"{IN * 2}r = slot.record\n{IN * 2}if r.state in UP:\n{IN * 3}return\n"
+                f"{IN * 2}if r.state != GroupState.RESUMING:\n",
             ),
         ),
         scope="resume",
@@ -541,10 +542,10 @@ RESUME_VARIANTS = (
             (
                 f"{IN * 3}if s.state != StandbyState.RESUMING:  # else: its verification died "
                 "unanswered\n"
-                f"{IN * 4}self._fire_standby(sb, StandbyEvent.RESUME)\n",
+                f"{IN * 4}self._fire_standby(slot, StandbyEvent.RESUME)\n",
                 f"{IN * 3}if s.state != StandbyState.RESUMING:  # else: its verification died "
                 "unanswered\n"
-                f"{IN * 4}continue\n",
+                f"{IN * 4}return\n",
             ),
         ),
         scope="resume",
@@ -587,10 +588,10 @@ RESUME_VARIANTS = (
         "its lease and is deleted under it.",
         (
             (
-                f'{IN * 3}self.starts[(s.name, 1)] = Start("verify", None if start is None '
+                f'{IN * 4}self.starts[(s.name, 1)] = Start("verify", None if start is None '
                 "else start.lease)\n",
-                f"{IN * 3}self._end_standby_start(sb)\n"
-                f'{IN * 3}self.starts[(s.name, 1)] = Start("verify", None)\n',
+                f"{IN * 4}self._end_standby_start(slot)\n"
+                f'{IN * 4}self.starts[(s.name, 1)] = Start("verify", None)\n',
             ),
         ),
         scope="resume",
@@ -619,6 +620,60 @@ RESUME_VARIANTS += (
             (
                 f"{IN * 3}e.incarnation != r.incarnation or r.state != GroupState.RESUMING\n",
                 f"{IN * 3}e.incarnation != r.incarnation or r.state in GROUP_FINAL\n",
+            ),
+        ),
+        scope="resume",
+    ),
+)
+# Broken fencing and findings at a resume.
+RESUME_VARIANTS += (
+    Variant(
+        "resume-keeps-the-epoch",
+        "Takes over without raising the run's epoch: engines it adopts still take the "
+        "replaced runtime's commands.",
+        ((f"{IN * 2}self.epoch = e.epoch\n", ""),),
+        scope="resume",
+    ),
+    Variant(
+        "stale-epoch-resume-accepted",
+        "Accepts a resume whose epoch is not above the run's: the run it should fence (or a "
+        "racing resume) takes the fleet back.",
+        ((f"{IN * 2}if e.epoch <= self.epoch:\n", f"{IN * 2}if False:\n"),),
+        scope="resume",
+    ),
+    Variant(
+        "resume-keeps-strays",
+        "Leaves running every process the resume found that is nobody's: an old incarnation "
+        "goes on reading a checkpoint the rules let be deleted, and holds its cores.",
+        (
+            (
+                f'{IN * 3}self._emit(fx.StopFound(name, int(number), "nobody\'s process at the '
+                'resume"))\n',
+                f"{IN * 3}pass\n",
+            ),
+        ),
+        scope="resume",
+    ),
+    Variant(
+        "resume-verifies-the-lost",
+        "Asks every current process what it holds, also one the resume did not find: the "
+        "group waits for an answer that never comes instead of recovering at once.",
+        (
+            (f"{IN * 3}self._resume_process(slot, pid in answered)\n",
+             f"{IN * 3}self._resume_process(slot, True)\n"),
+            (f"{IN * 3}if pid not in answered:\n", f"{IN * 3}if False:\n"),
+        ),
+        scope="resume",
+    ),
+    Variant(
+        "silent-left-running",
+        "Takes a group's process that did not answer the resume as gone without stopping it: "
+        "a wedged process the rules replaced keeps running beside its successor.",
+        (
+            (
+                f'{IN * 3}self._emit(fx.StopGroup(r.name, r.incarnation, "silent at the '
+                'resume"))\n',
+                f"{IN * 3}pass\n",
             ),
         ),
         scope="resume",

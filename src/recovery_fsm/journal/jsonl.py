@@ -6,9 +6,12 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import MalformedEvent
+
+if TYPE_CHECKING:
+    from .owner import JournalOwner
 
 
 class MixedJournal(MalformedEvent):
@@ -37,13 +40,32 @@ class JsonlJournal:
     """A journal sink writing one JSON object per line; flushed per record so a crash keeps
     everything up to the last event."""
 
-    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        fsync: bool = False,
+        owner: JournalOwner | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        """``owner``, ``epoch``: write only while that run epoch owns the journal
+        (``owner.py``, claimed by the caller); a record refused raises ``Fenced``."""
         self.path = Path(path)
+        self.owner = owner
+        self.epoch = epoch
         self._file: IO[str] = self.path.open("a", encoding="utf-8")
         self._fsync = fsync
 
     def __call__(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        if self.owner is None or self.epoch is None:
+            self._write(line)
+            return
+        with self.owner.holding(self.epoch):
+            self._write(line)
+
+    def _write(self, line: str) -> None:
+        self._file.write(line)
         self._file.flush()
         if self._fsync:
             os.fsync(self._file.fileno())
@@ -56,6 +78,8 @@ class JsonlJournal:
 
     def close(self) -> None:
         self._file.close()
+        if self.owner is not None:
+            self.owner.close()
 
     def __enter__(self) -> JsonlJournal:
         return self

@@ -11,6 +11,7 @@ run of days does not keep one entry per standby it ever booted.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -21,6 +22,7 @@ from typing import Any
 import attrs
 import ray
 
+from ..errors import Fenced
 from .engine import WeightsHeld
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,13 @@ class Process:
     incarnation: int
     actors: tuple[Any, ...]
     started_at: float
+
+
+def _created_as(actor_name: str) -> tuple[str, int] | None:
+    """(group, incarnation) from a name ``Launcher`` gave: ``<group>#<incarnation>.<hex>``."""
+    head, _, _ = actor_name.rpartition(".")
+    group, _, number = head.rpartition("#")
+    return (group, int(number)) if group and number.isdigit() and int(number) >= 1 else None
 
 
 def namespace(run: str) -> str:
@@ -62,6 +71,9 @@ class ActorTable:
         self._stopped: dict[str, int] = {}  # group -> highest incarnation told to stop
         # Standbys whose one boot is queued or running: only these need a stop floor.
         self._booting: set[str] = set()
+        # Processes a resume found, by (name, incarnation), until the rules' effects say:
+        # adopted (verified), or stopped.
+        self._found: dict[tuple[str, int], tuple[Any, ...]] = {}
         self._closed = False  # any boot that comes later is killed
 
     def of(self, group: str, incarnation: int) -> list[Any]:
@@ -99,6 +111,23 @@ class ActorTable:
             self._current[group] = Process(incarnation, tuple(actors), self._clock())
             return list(current.actors) if current is not None else []
 
+    def hold_found(self, found: Mapping[tuple[str, int], list[Any]]) -> None:
+        """What a resume found alive, held until the rules adopt or stop each process."""
+        with self._lock:
+            self._found.update({k: tuple(v) for k, v in found.items()})
+
+    def adopt(self, name: str, incarnation: int) -> list[Any]:
+        """A found process becomes ``name``'s current one (asked to verify); returns the
+        actors to kill (as ``replace``)."""
+        with self._lock:
+            actors = self._found.pop((name, incarnation), None)
+        return [] if actors is None else self.replace(name, incarnation, list(actors))
+
+    def take_found(self, name: str, incarnation: int) -> list[Any]:
+        """Remove (to kill) a found process the rules keep as nobody's."""
+        with self._lock:
+            return list(self._found.pop((name, incarnation), ()))
+
     def renumber(self, group: str, previous: int, incarnation: int) -> None:
         """The process ``previous`` goes on as ``incarnation`` (a load in place); nothing
         happens if it was replaced or stopped meanwhile."""
@@ -115,6 +144,11 @@ class ActorTable:
             return self._take(group, incarnation)
 
     def _take(self, group: str, incarnation: int | None) -> list[Any]:
+        found = [a for k in list(self._found) if k[0] == group and incarnation in (None, k[1])
+                 for a in self._found.pop(k)]  # fmt: skip
+        return found + self._take_current(group, incarnation)
+
+    def _take_current(self, group: str, incarnation: int | None) -> list[Any]:
         p = self._current.get(group)
         if incarnation is None:
             self._stopped[group] = _FOREVER
@@ -152,7 +186,9 @@ class ActorTable:
         with self._lock:
             self._closed = True
             actors = [a for p in self._current.values() for a in p.actors]
+            actors += [a for found in self._found.values() for a in found]
             self._current.clear()
+            self._found.clear()
             return actors
 
     def sizes(self) -> Mapping[str, int]:
@@ -163,6 +199,61 @@ class ActorTable:
                 "stopped": len(self._stopped),
                 "booting": len(self._booting),
             }
+
+
+# The calls that change what an engine holds, runs as or serves: each carries the caller's
+# run epoch (``epoch=``) and is refused (``Fenced``) below the highest epoch the engine saw.
+COMMANDS = (
+    "boot_from_checkpoint", "boot_empty", "load_checkpoint", "update_weights", "assume",
+    "rollout", "generate",
+)  # fmt: skip
+
+
+def _fence_lock(engine: Any) -> threading.Lock:
+    """The engine's fence lock, made on first use (the class is shipped by value to its
+    actor, so it holds no lock of its own): commands and ``fence`` run on two threads."""
+    lock: threading.Lock = engine.__dict__.setdefault("_run_epoch_lock", threading.Lock())
+    return lock
+
+
+def fenced(engine: type) -> type:
+    """``engine`` with a run-epoch fence: every command takes ``epoch=`` (None: a caller that
+    is no runtime, as tests are) and is refused below the highest epoch the engine saw; a
+    new ``fence(epoch)`` (answered beside a load) raises that epoch and says who the process
+    runs as. The fence wraps the class outermost, so a subclass's overrides are fenced too."""
+    if getattr(engine, "__recovery_fenced__", False):
+        return engine
+
+    def command(name: str) -> Callable[..., Any]:
+        inner = getattr(engine, name)
+
+        @functools.wraps(inner)
+        def call(self: Any, *args: Any, epoch: int | None = None, **kwargs: Any) -> Any:
+            if epoch is not None:
+                with _fence_lock(self):
+                    seen = getattr(self, "_run_epoch", 0)
+                    if epoch < seen:
+                        raise Fenced(
+                            f"{name} from run epoch {epoch} refused by {self.group}#"
+                            f"{self.incarnation}: a resume took it over as epoch {seen}"
+                        )
+                    self._run_epoch = epoch
+            return inner(self, *args, **kwargs)
+
+        del call.__wrapped__  # Ray reads the signature: it must show ``epoch``
+        return call
+
+    @ray.method(concurrency_group="health")
+    def fence(self: Any, epoch: int) -> tuple[str, int]:
+        """Serve ``epoch`` from now on (never an older one) and say who this process is."""
+        with _fence_lock(self):
+            self._run_epoch = max(epoch, getattr(self, "_run_epoch", 0))
+        return self.whoami()  # type: ignore[no-any-return]
+
+    body: dict[str, Any] = {name: command(name) for name in COMMANDS if hasattr(engine, name)}
+    body |= {"fence": fence, "__recovery_fenced__": True, "__module__": engine.__module__,
+             "__qualname__": engine.__qualname__}  # fmt: skip
+    return type(engine.__name__, (engine,), body)
 
 
 @attrs.frozen
@@ -209,10 +300,10 @@ class Launcher:
         # the trainer's process, and a resumed runtime finds them there (``survivors``).
         self.run = run
         self.boots = 0  # engine processes started by this launcher
+        self.epoch = 1  # the run epoch every command carries (a resume raises it)
         # Probes and watches get their own threads, so they answer beside a load.
-        self._engine: Any = ray.remote(concurrency_groups={"health": 1, "watch": 1})(  # type: ignore[call-overload]
-            engine
-        )
+        groups = {"health": 1, "watch": 1}
+        self._engine: Any = ray.remote(concurrency_groups=groups)(fenced(engine))  # type: ignore[call-overload]
         self._model_config = dict(model_config)
         # Whether the engine reports the digest of what it holds (the hub layout's): an engine
         # that fuses its parameters (vLLM) cannot, and is admitted by its canary alone.
@@ -248,36 +339,42 @@ class Launcher:
         name = f"{group}#{incarnation}.{uuid.uuid4().hex[:8]}"
         return {"name": name, "namespace": namespace(self.run), "lifetime": "detached"}
 
-    def survivors(self, timeout_s: float) -> tuple[dict[tuple[str, int], list[Any]], list[Any]]:
-        """The run's engines still alive, by the (group, incarnation) each says it runs as;
-        and those that did not answer within ``timeout_s``. Only actors of this run's
-        namespace are looked at."""
+    def survivors(
+        self, timeout_s: float
+    ) -> tuple[dict[tuple[str, int], list[Any]], dict[tuple[str, int], list[Any]]]:
+        """The run's engines still alive, each told the launcher's epoch (``fence``: from
+        now on it refuses the replaced run's commands), by the (name, incarnation) each says
+        it runs as; and those that did not answer within ``timeout_s``, by the name they were
+        created under. Only actors of this run's namespace are looked at."""
         if self.run is None:
-            return {}, []
+            return {}, {}
         ns = namespace(self.run)
-        handles: list[Any] = []
+        handles: list[tuple[str, Any]] = []
         for entry in ray.util.list_named_actors(all_namespaces=True):
             if entry.get("namespace") == ns:
                 try:
-                    handles.append(ray.get_actor(entry["name"], namespace=ns))
+                    handles.append((entry["name"], ray.get_actor(entry["name"], namespace=ns)))
                 except ValueError:
                     continue  # gone since it was listed
-        refs: list[Any] = [h.whoami.remote() for h in handles]
+        refs: list[Any] = [h.fence.remote(self.epoch) for _, h in handles]
         done: list[Any] = []
         if refs:
             done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         found: dict[tuple[str, int], list[Any]] = {}
-        silent: list[Any] = []
-        for h, ref in zip(handles, refs, strict=True):
+        silent: dict[tuple[str, int], list[Any]] = {}
+        for (name, h), ref in zip(handles, refs, strict=True):
             try:
                 if ref not in done:
                     raise TimeoutError
                 answer: tuple[str, int] = ray.get(ref, timeout=0)
                 group, incarnation = answer
+                found.setdefault((group, incarnation), []).append(h)
             except Exception:
-                silent.append(h)
-                continue
-            found.setdefault((group, incarnation), []).append(h)
+                created = _created_as(name)
+                if created is None:
+                    log.warning("actor %r in %s is not one this runtime names: left", name, ns)
+                    continue
+                silent.setdefault(created, []).append(h)
         return found, silent
 
     def call_all(self, group: str, incarnation: int, call: Callable[[Any], Any]) -> Outcome:

@@ -126,7 +126,7 @@ class RecoveryControllerActor:
 
 _QUERIES = (
     "up_groups", "group", "groups", "incarnation", "group_state", "recovery_state",
-    "checkpoint_state", "checkpoints", "outstanding", "drained", "closed", "version",
+    "checkpoint_state", "checkpoints", "outstanding", "drained", "closed", "version", "epoch",
     "standbys", "up_standbys", "pool_state", "check_invariants", "snapshot",
 )  # fmt: skip
 
@@ -185,6 +185,10 @@ class RemoteController:
     @property
     def drained(self) -> bool:
         return bool(self._q("drained"))
+
+    @property
+    def epoch(self) -> int:
+        return int(self._q("epoch"))
 
     @property
     def closed(self) -> bool:

@@ -230,7 +230,9 @@ class RolloutClient:
         *,
         certified: bool,
         vocab_size: int | None,
+        epoch: Callable[[], int | None] = lambda: None,
     ) -> None:
+        self.epoch = epoch  # the run epoch each engine call carries (fenced engines)
         self._table = table
         self._routes = routes
         self._admission = admission
@@ -408,7 +410,7 @@ class _Call:
 
     async def _call(self, actor: Any, route: _Route, need: int, idx: list[int]) -> None:
         sampling = attrs.evolve(self.sampling, n=need)
-        ref = actor.rollout.remote([self.prompts[i] for i in idx], sampling)
+        ref = actor.rollout.remote([self.prompts[i] for i in idx], sampling, epoch=self.c.epoch())
         left = max(0.1, self.deadline - time.monotonic())
         try:
             batch: Batch = await asyncio.wait_for(ref, min(self.policy.request_timeout_s, left))

@@ -170,15 +170,20 @@ class EffectRunner:
                 self._counters.load_in_place(g)
                 self._table.renumber(g, previous, inc)  # the same actors, a new number
                 self._queue(f"group:{g}", effect)
-            case fx.RestartFromCheckpoint(group=g) | fx.RestartCold(group=g) | fx.VerifyGroup(
-                group=g
-            ):
+            case fx.VerifyGroup(group=g, incarnation=inc):
+                kill(self._table.adopt(g, inc))  # found at a resume: the rules keep it
+                self._queue(f"group:{g}", effect)
+            case fx.StopFound(name=name, incarnation=inc):
+                kill(self._table.take_found(name, inc))
+            case fx.RestartFromCheckpoint(group=g) | fx.RestartCold(group=g):
                 self._queue(f"group:{g}", effect)
             case fx.StopStandby(standby=s):
                 kill(self._table.take_standby(s))
-            case fx.StartStandby(standby=s) | fx.LoadStandby(standby=s) | fx.VerifyStandby(
-                standby=s
+            case (
+                fx.StartStandby(standby=s) | fx.LoadStandby(standby=s) | fx.VerifyStandby(standby=s)
             ):
+                if isinstance(effect, fx.VerifyStandby):
+                    kill(self._table.adopt(s, 1))  # found at a resume: the rules keep it
                 if isinstance(effect, fx.StartStandby):
                     self._table.standby_boot_queued(s)
                 self._queue(f"standby:{s}", effect)
@@ -311,10 +316,16 @@ class EffectRunner:
         self._counters.load_begins(path)
         try:
             if isinstance(effect, fx.RestartFromCheckpoint):
-                outcome = self._launcher.boot(g, inc, lambda a: a.boot_from_checkpoint.remote(path))
+                outcome = self._launcher.boot(
+                    g,
+                    inc,
+                    lambda a: a.boot_from_checkpoint.remote(path, epoch=self._launcher.epoch),
+                )
             else:  # a load in place: the running actors, under their new number
                 outcome = self._launcher.call_all(
-                    g, inc, lambda a: a.load_checkpoint.remote(path, inc)
+                    g,
+                    inc,
+                    lambda a: a.load_checkpoint.remote(path, inc, epoch=self._launcher.epoch),
                 )
         finally:
             self._counters.load_ends(path)
@@ -339,14 +350,16 @@ class EffectRunner:
         s = effect.standby
         if isinstance(effect, fx.StartStandby):
             try:
-                outcome = self._launcher.boot(s, 1, lambda a: a.boot_empty.remote())
+                outcome = self._launcher.boot(
+                    s, 1, lambda a: a.boot_empty.remote(epoch=self._launcher.epoch)
+                )
             finally:
                 self._table.standby_boot_ends(s)
             return outcome.reason if isinstance(outcome, BootFailed) else None
         self._counters.load_begins(effect.path)
         try:
             outcome = self._launcher.call_all(
-                s, 1, lambda a: a.load_checkpoint.remote(effect.path, 1)
+                s, 1, lambda a: a.load_checkpoint.remote(effect.path, 1, epoch=self._launcher.epoch)
             )
         finally:
             self._counters.load_ends(effect.path)
@@ -372,14 +385,18 @@ class EffectRunner:
             digest, canary = record
             if canary is not None:  # one round: each actor's canary right behind its assume
                 return self._claim_as_it_is(g, inc, effect.version, digest, canary)
-        outcome = self._launcher.call_all(g, inc, lambda a: a.assume.remote(g, inc))
+        outcome = self._launcher.call_all(
+            g, inc, lambda a: a.assume.remote(g, inc, epoch=self._launcher.epoch)
+        )
         if isinstance(outcome, BootFailed):
             return outcome.reason
         if path is not None:
             self._counters.load_begins(path)
             try:
                 outcome = self._launcher.call_all(
-                    g, inc, lambda a: a.load_checkpoint.remote(path, inc)
+                    g,
+                    inc,
+                    lambda a: a.load_checkpoint.remote(path, inc, epoch=self._launcher.epoch),
                 )
             finally:
                 self._counters.load_ends(path)
@@ -399,7 +416,12 @@ class EffectRunner:
         and answers the canary (an actor runs its calls in order)."""
         prompt, n = list(canary.prompt), len(canary.answer.tokens)
         answers = self._launcher.ask(
-            g, inc, lambda a: (a.assume.remote(g, inc), a.canary.remote(prompt, n))
+            g,
+            inc,
+            lambda a: (
+                a.assume.remote(g, inc, epoch=self._launcher.epoch),
+                a.canary.remote(prompt, n),
+            ),
         )
         if isinstance(answers, BootFailed):
             return answers.reason
@@ -437,7 +459,9 @@ class EffectRunner:
         return version, self._admit(g, inc, outcome, digest, canary)
 
     def _start_cold(self, g: str, inc: int) -> str | None:
-        outcome = self._launcher.boot(g, inc, lambda a: a.boot_empty.remote())
+        outcome = self._launcher.boot(
+            g, inc, lambda a: a.boot_empty.remote(epoch=self._launcher.epoch)
+        )
         return outcome.reason if isinstance(outcome, BootFailed) else None
 
     def _delete(self, version: int, path: str, effect: fx.Effect) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -38,22 +38,30 @@ import attrs
 import ray
 import torch
 
-from .. import ExporterClosed, RecoveryConfig, RecoveryController, RecoveryError, Rules
+from .. import (
+    ExporterClosed,
+    Fenced,
+    RecoveryConfig,
+    RecoveryController,
+    RecoveryError,
+    Rules,
+)
 from .. import events as ev
 from ..export import AsyncHFExporter, CheckpointStore, ExportHandle, model_digest
 from ..export.canary import Canary
 from ..export.canary import of_model as canary_of
 from ..host import ControllerLink, ControllerQueries, EffectError, Link
-from ..journal import JsonlJournal, read_journal, trim_torn_tail
+from ..journal import JournalHeld, JournalOwner, JsonlJournal
 from ..journal.ledger import PATHS, Ledger
-from ..search.replay import rebuild
 from . import admission
+from . import resume as resuming
 from .actors import ActorTable, BootFailed, Launcher, kill
 from .engine import Generation, ReferenceEngine
 from .hosting import RemoteController, RemoteLink
 from .monitor import HealthMonitor
 from .placement import SharedRootError, check_shared_root
 from .reporter import FailStop, Reporter
+from .resume import BadRuntimeInput, Resumption, Takeover
 from .rollouts import IN_FLIGHT_MODES, Policy, PromptSamples, RolloutClient, RolloutCounters
 from .router import NoServingGroup, NotServing, TrafficRouter, UserRouter
 from .runner import EffectRunner
@@ -84,30 +92,6 @@ class AlreadyStarted(RecoveryError):
 
 class VersionNotAbove(RecoveryError, ValueError):
     """A push or sync of a version not above the fleet's; nothing was pushed."""
-
-
-class BadRuntimeInput(RecoveryError, TypeError):
-    """An argument of the runtime is not what it expects; nothing was started."""
-
-
-@attrs.frozen
-class Resumption:
-    """What ``RecoveryRuntime.resume`` found and did."""
-
-    version: int  # the trainer's version it resumed at
-    torn: int  # bytes of an unfinished last journal line, cut (0: none)
-    replayed: int  # journal records the controller was rebuilt from
-    adopted: tuple[str, ...]  # groups whose surviving process serves again without a reboot
-    reloaded: tuple[str, ...]  # ... that load C(v) (or wait for a push): they held another version
-    restarted: tuple[str, ...]  # groups whose process was gone or failed its check
-    killed: int  # surviving engines neither a group's current process nor a kept standby
-    removed_dirs: tuple[str, ...]  # temporaries, untracked checkpoints newer than v (from the
-    # store: and older ones not pinned)
-    settled: bool  # every group and standby answered, the future's checkpoints gone, in time
-    rebuilt_from: str = "journal"  # or "store": there was no journal to rebuild from
-    # Standbys whose surviving engine is kept (answered, or loading C(v) since); from the
-    # store none: they are killed and booted again.
-    standbys: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -186,7 +170,7 @@ class RecoveryRuntime:
         standby_push: bool = True,
         run: str | None = None,
         in_flight: str = "wait",
-        _rebuilt: tuple[RecoveryController, int] | None = None,
+        takeover: Takeover | None = None,
     ) -> None:
         self.groups = list(groups)
         self.model_config = _config_dict(model_config)
@@ -207,20 +191,26 @@ class RecoveryRuntime:
         self.initial_version = initial_version
         self.call_timeout_s = call_timeout_s
         self.push_timeout_s = push_timeout_s
-        self._journal = JsonlJournal(journal) if journal is not None else None
+        self.takeover = takeover
+        self.epoch = 1 if takeover is None else takeover.epoch  # what every engine call carries
+        self._journal = None if journal is None else _journal_for(journal, takeover)
         self.ledger = Ledger()  # every record the controller journals, folded
+        for record in () if takeover is None else takeover.records:
+            self.ledger.add(record)  # the run's failures and recoveries so far
         self.store = CheckpointStore(root)
 
         # Before the controller: its journal sink feeds the router's admissions from step 0.
         self.actors_table = ActorTable()
         self.router = TrafficRouter(self.actors_table, call_timeout_s=call_timeout_s, user=router)
+        self.failstop = FailStop(None)  # before the controller: its journal sink reads it
         self.controller: ControllerQueries
         self.link: Link
         self.runner: EffectRunner  # set below: the link's executor needs it
-        if _rebuilt is not None:  # resume: the rebuilt controller goes on writing its journal
-            local, after_step = _rebuilt
+        if takeover is not None and takeover.controller is not None:
+            # resume: the rebuilt controller goes on writing its journal
+            local = takeover.controller
             self.config = local.config
-            local.continue_journal(self._record, after_step)
+            local.continue_journal(self._record, takeover.after_step)
             self.controller = local
             self.link = ControllerLink(local, execute=self._execute)
             journal_path = None if journal is None else str(journal)
@@ -238,7 +228,7 @@ class RecoveryRuntime:
                                    timeout_s=report_timeout_s)  # fmt: skip
             journal_path = remote.journal_path()
 
-        self.failstop = FailStop(journal_path)
+        self.failstop.journal = journal_path
         self.counters = SafetyCounters()
         self.reporter = Reporter(self.link, self.counters, self.failstop)
         self.launcher = Launcher(
@@ -246,10 +236,12 @@ class RecoveryRuntime:
             actor_options={"num_cpus": 0.1, **(actor_options or {})},
             call_timeout_s=call_timeout_s, run=run,
         )  # fmt: skip
+        self.launcher.epoch = self.epoch
         vocab = self.model_config.get("vocab_size")
         self.rollouts = RolloutClient(
             self.actors_table, lambda: self.router.routes, self.router.admission,
             certified=controller_actor is None, vocab_size=vocab if type(vocab) is int else None,
+            epoch=lambda: self.launcher.epoch,
         )  # fmt: skip
         self.exporter = AsyncHFExporter(
             self.store, report=self.reporter.send, **(exporter_options or {})
@@ -269,7 +261,7 @@ class RecoveryRuntime:
         )  # fmt: skip
         self.failstop.on_trip(self.runner.halt)
         self.failstop.on_trip(lambda: self.monitor.stop(timeout=0))
-        self._started = False
+        self._started = takeover is not None  # a resume's runtime runs the fleet it found
         self._closed = False
         self._lifetime = threading.Lock()
 
@@ -310,101 +302,35 @@ class RecoveryRuntime:
         stay on disk, the trainer's to delete), and every other committed checkpoint is
         deleted; restart budgets start full. It is never chosen for you: a journal missing
         by mistake must not delete checkpoints it had pinned."""
-        if type(version) is not int or version < 0:
-            raise BadRuntimeInput(f"resume version must be an int >= 0, got {version!r}")
-        if not isinstance(from_store, bool):
-            raise BadRuntimeInput(f"from_store must be a bool, got {from_store!r}")
-        pins = (
-            tuple(pinned)
-            if isinstance(pinned, Collection) and not isinstance(pinned, str | bytes)
-            else None
-        )
-        if pins is None or not all(type(p) is int and p >= 0 for p in pins):
-            raise BadRuntimeInput(f"pinned must be a collection of versions (ints >= 0), "
-                                  f"got {pinned!r}")  # fmt: skip
-        if pins and not from_store:
-            raise BadRuntimeInput(
-                f"pinned={sorted(pins)} without from_store=True: a journal's pins are the run's"
-            )
-        if "initial_version" in options:
-            raise BadRuntimeInput("resume starts at version=, not initial_version=")
-        path = None if journal is None else Path(journal)
-        if path is not None and path.exists() and not path.is_file():
-            raise BadRuntimeInput(f"the journal {path} is not a file")
-        if from_store:
-            if path is not None and path.is_file() and path.stat().st_size:
-                raise BadRuntimeInput(
-                    f"from_store=True, but there is a journal at {path}: resume from it (the "
-                    "run's history and pins are in it), or move it away first"
-                )
-            if path is not None and not path.parent.is_dir():
-                raise BadRuntimeInput(f"the journal's directory {path.parent} does not exist")
-            return cls._from_store(root, run, version, path, frozenset(pins),
-                                   discover_timeout_s, settle_timeout_s, options)  # fmt: skip
-        if path is None or not path.is_file():
-            raise BadRuntimeInput(
-                f"resume needs the run's journal; {path} is not a file (if it is lost, "
-                "from_store=True rebuilds from the checkpoint store, without the history)"
-            )
-        torn = trim_torn_tail(path)
-        if torn:
-            log.warning("journal %s ended in an unfinished line (%d bytes): cut", path, len(torn))
-        records = list(read_journal(path))
-        steps = [r["step"] for r in records if type(r.get("step")) is int]
-        controller = rebuild(path)
-        # Refused here, before an engine is killed or a file deleted: Resumed would be.
-        if controller.closed:
-            raise BadRuntimeInput(f"the run in {path} was closed: there is nothing to resume")
-        if version > controller.version:
-            raise BadRuntimeInput(
-                f"resume at version {version}, but the journal's fleet only reached "
-                f"{controller.version}: a trainer resumes from a checkpoint it synced"
-            )
-        rt = cls(root, run=run, journal=path, _rebuilt=(controller, max(steps, default=0)),
-                 **options)  # fmt: skip
-        with rt._lifetime:
-            rt._started = True
-        for record in records:  # the run's failures and recoveries so far
-            rt.ledger.add(record)
-        try:
-            return rt, rt._take_over(version, len(torn), len(steps), discover_timeout_s,
-                                     settle_timeout_s)  # fmt: skip
-        except BaseException:
-            rt.close(drain_timeout_s=5.0)
-            raise
-
-    @classmethod
-    def _from_store(
-        cls,
-        root: str | Path,
-        run: str,
-        version: int,
-        journal: Path | None,
-        pins: frozenset[int],
-        discover_s: float,
-        settle_s: float,
-        options: dict[str, Any],
-    ) -> tuple[RecoveryRuntime, Resumption]:
-        """``resume`` from the store: the controller starts at ``version`` and is told the
-        little the store and the survivors can vouch for before ``Resumed`` decides. Its
-        journal is written beside ``journal`` and moved there once ``Resumed`` is in it."""
-        if options.get("controller_actor") is not None:
+        path, pins = resuming.checked_arguments(version, from_store, pinned, journal, options)
+        if from_store and options.get("controller_actor") is not None:
             raise BadRuntimeInput("resume runs the controller in this process: no controller_actor")
-        log.warning("resuming from the checkpoint store %s: the run's history is not known", root)
-        staging = None if journal is None else journal.with_name(journal.name + ".resuming")
+        if from_store:
+            log.warning("resuming from the checkpoint store %s: the history is not known", root)
+        # Written beside the journal, moved there once Resumed is in it: a resume that dies
+        # before leaves no journal a second resume would trust.
+        staging = None if path is None or not from_store else path.with_name(
+            path.name + ".resuming")  # fmt: skip
         if staging is not None:
             staging.unlink(missing_ok=True)  # a resume that died before it finished
-        rt = cls(root, run=run, journal=staging, initial_version=version, **options)
-        with rt._lifetime:
-            rt._started = True
-        def publish() -> None:
-            if journal is not None and rt._journal is not None:
-                rt._journal.move(journal)
-                rt.failstop.journal = str(journal)
-
+        if from_store:  # the controller starts at the trainer's version, told the rest
+            takeover = resuming.from_store(path)
+            options = {**options, "initial_version": version}
+        else:
+            assert path is not None  # checked_arguments: a resume reads the run's journal
+            takeover = resuming.from_journal(path, version)
         try:
-            found = rt._take_over(version, 0, 0, discover_s, settle_s, store_pins=pins,
-                                  published=publish)  # fmt: skip
+            rt = cls(root, run=run, journal=staging or path, takeover=takeover, **options)
+        except BaseException:
+            if takeover.owner is not None:
+                takeover.owner.close()
+            raise
+        try:
+            found = resuming.take_over(
+                rt, version, discover_timeout_s, settle_timeout_s,
+                store_pins=pins if from_store else None,
+                published=(lambda: rt._publish(path)) if staging is not None else None,
+            )  # fmt: skip
         except BaseException:
             rt.close(drain_timeout_s=5.0)
             if staging is not None:
@@ -412,145 +338,11 @@ class RecoveryRuntime:
             raise
         return rt, found
 
-    def _reconstruct(
-        self, version: int, pins: frozenset[int], found: dict[tuple[str, int], list[Any]]
-    ) -> tuple[dict[tuple[str, int], list[Any]], list[Any]]:
-        """The opening a store-rebuilt controller is told, straight into the controller and
-        its journal, its effects not run (``Resumed`` re-decides all of them, as after a
-        rebuild from a journal): every group registered at ``version`` (``Resumed`` then
-        trusts none of them until verified), C(v) committed if it is on disk, and pinned if
-        the trainer says so. The survivors come back renamed: a group's newest process, told
-        it is now incarnation 1 (how the journal will know it), and the rest to kill."""
-        local = self.controller
-        assert isinstance(local, RecoveryController)
-        at = time.monotonic()
-        try:  # first: bad groups are refused before an engine is touched
-            for g in self.groups:
-                local.handle(ev.GroupRegistered(g, version, at=at))
-        except RecoveryError as err:
-            raise BadRuntimeInput(f"groups={self.groups!r}: {err}") from err
-        committed = self.store.scan().committed  # verified manifests; temporaries removed
-        if version in committed:
-            local.handle(ev.ExportStarted(version, at=at))
-            local.handle(ev.ExportCommitted(version, str(committed[version]), at=at))
-            if version in pins:
-                local.handle(ev.CheckpointPinned(version, at=at))
-        else:
-            log.warning("no committed checkpoint of %d in %s: no recovery source until a sync",
-                        version, self.store.root)  # fmt: skip
-        if ignored := sorted(p for p in pins if p > version or p not in committed):
-            log.warning("pinned %s: not on disk, or of the future the resume abandons", ignored)
-        newest: dict[str, int] = {}
-        for g, inc in found:
-            if g in self.groups:
-                newest[g] = max(inc, newest.get(g, 0))
-        doomed = [a for (g, inc), actors in found.items() if newest.get(g) != inc for a in actors]
-        # All asked at once, each behind a load it may still run: one bound for all of them.
-        asked = {g: [a.assume.remote(g, 1) for a in found[(g, inc)]] for g, inc in newest.items()}
-        refs = [r for rs in asked.values() for r in rs]
-        done = ray.wait(refs, num_returns=len(refs), timeout=self.call_timeout_s)[0] if refs else []
-        renamed: dict[tuple[str, int], list[Any]] = {}
-        for g, rs in asked.items():
-            actors = found[(g, newest[g])]
-            try:
-                if not set(rs) <= set(done):
-                    raise TimeoutError(f"no answer in {self.call_timeout_s} s")
-                ray.get(rs, timeout=0)
-            except Exception:
-                log.warning("%s's surviving process did not take its new number", g, exc_info=True)
-                doomed += actors
-                continue
-            renamed[(g, 1)] = actors
-        return renamed, doomed
-
-    def _take_over(
-        self,
-        version: int,
-        torn: int,
-        replayed: int,
-        discover_s: float,
-        settle_s: float,
-        *,
-        store_pins: frozenset[int] | None = None,
-        published: Callable[[], None] | None = None,
-    ) -> Resumption:
-        check_shared_root(self.store.root, self.launcher.actor_options)
-        found, silent = self.launcher.survivors(discover_s)
-        doomed = list(silent)
-        if store_pins is not None:
-            found, strays = self._reconstruct(version, store_pins, found)
-            doomed += strays
-        groups, standbys = self.controller.groups(), self.controller.standbys()
-        kept: dict[tuple[str, int], list[Any]] = {}
-        for (g, inc), actors in found.items():
-            view = groups.get(g)
-            alive = view is not None and view.incarnation == inc and view.state not in {
-                "retired", "stopped", "failed", "awaiting_checkpoint"
-            }  # fmt: skip
-            alive |= g in standbys and inc == 1  # asked what it holds, as a group is
-            (kept.setdefault((g, inc), []) if alive else doomed).extend(actors)
-        kill(doomed)  # before Resumed: what is not a group's or a standby's process must go
-        for (g, inc), actors in kept.items():
-            kill(self.actors_table.replace(g, inc, actors))
-        scan = self.store.scan()  # removes orphaned temporaries
-        tracked = self.controller.checkpoints()
-        removed = [str(p) for p in scan.removed_temp]
-        for v, p in sorted(scan.committed.items()):
-            ck = tracked.get(v)
-            if ck is not None and ck.state in {"exporting", "abandoned"}:
-                # Its export committed; the report died with the trainer: report it now,
-                # and the resume's rules decide (a source again, or deleted).
-                self.reporter.report(ev.ExportCommitted, version=v, path=str(p))
-            elif ck is None and (
-                v > version or (store_pins is not None and v < version and v not in store_pins)
-            ):
-                # Written, never reported, of a future not followed; or, rebuilt from the
-                # store, an older checkpoint nobody pinned.
-                self.store.delete(p)
-                removed.append(str(p))
-        self.reporter.report(ev.Resumed, version=version)
-        if published is not None:
-            published()  # a journal rebuilt from the store is complete from here on
-        self.monitor.start()
-
-        moving = {"resuming", "failed", "awaiting_checkpoint", "loading", "claiming", "relaunching"}
-
-        def settled() -> bool:
-            views = self.controller.groups().values()
-            routes = self.router.routes
-            return (
-                all(v.state not in moving for v in views)
-                and all(routes.get(v.name) is not None for v in views if v.serving)
-                and all(c <= version for c in self.controller.checkpoints())
-                and all(s.state != "resuming" for s in self.controller.standbys().values())
-            )
-
-        ok = self.reporter.wait(settled, settle_s)
-        after = self.controller.groups()
-        adopted: list[str] = []
-        reloaded: list[str] = []
-        restarted: list[str] = []
-        survived = {_actor_id(a): g for (g, _), actors in kept.items() for a in actors}
-        kept_standbys = tuple(
-            s for s in sorted(self.controller.standbys())
-            if (s, 1) in kept
-            and {_actor_id(a) for a in self.actors_table.of(s, 1)}
-            == {_actor_id(a) for a in kept[(s, 1)]}
-        )  # fmt: skip
-        for g, view in sorted(after.items()):
-            if view.state in {"retired", "stopped"}:
-                continue
-            now = [_actor_id(a) for a in self.actors_table.of(g, view.incarnation)]
-            if not now or any(survived.get(a) != g for a in now):
-                restarted.append(g)  # a new process (or one still starting)
-            elif (g, view.incarnation) in kept:
-                adopted.append(g)  # the same process, the same number: it held v
-            else:
-                reloaded.append(g)  # the same process, renumbered by a load in place
-        return Resumption(version, torn, replayed, tuple(adopted), tuple(reloaded),
-                          tuple(restarted), len(doomed), tuple(removed), ok,
-                          "journal" if store_pins is None else "store",
-                          kept_standbys)  # fmt: skip
+    def _publish(self, path: Path | None) -> None:
+        """A journal written while resuming from the store is complete: move it in place."""
+        if path is not None and self._journal is not None:
+            self._journal.move(path)
+            self.failstop.journal = str(path)
 
     def start(self, model: Any) -> None:
         """Boot every group with ``model``'s weights (``initial_version``), then watch."""
@@ -570,15 +362,17 @@ class RecoveryRuntime:
         expected = canary_of(model)
         # A registered group's first process is incarnation 1 (the controller's count). The
         # groups boot at once; they register one by one, in order.
+        epoch = self.launcher.epoch
         with ThreadPoolExecutor(len(self.groups) or 1) as pool:
             booted = list(pool.map(
-                lambda g: self.launcher.boot(g, 1, lambda a: a.boot_empty.remote()), self.groups
+                lambda g: self.launcher.boot(g, 1, lambda a: a.boot_empty.remote(epoch=epoch)),
+                self.groups,
             ))  # fmt: skip
         for g, outcome in zip(self.groups, booted, strict=True):
             if isinstance(outcome, BootFailed):
                 raise RuntimeError(f"group {g} did not boot: {outcome.reason}")
             pushed = self.launcher.call_all(
-                g, 1, lambda a: a.update_weights.remote(version, weights)
+                g, 1, lambda a: a.update_weights.remote(version, weights, epoch=self.launcher.epoch)
             )
             why = (
                 pushed.reason
@@ -587,8 +381,12 @@ class RecoveryRuntime:
             )
             if why is not None:
                 raise RuntimeError(f"group {g} did not take the initial weights: {why}")
-            self.reporter.send(ev.GroupRegistered, group=g, version=version,
-                               evidence=admission.evidence(self.launcher, digest, expected))
+            self.reporter.send(
+                ev.GroupRegistered,
+                group=g,
+                version=version,
+                evidence=admission.evidence(self.launcher, digest, expected),
+            )
             if self.controller.incarnation(g) != 1:
                 raise RuntimeError(f"the controller numbered {g}'s first process otherwise")
         self.monitor.start()
@@ -663,14 +461,20 @@ class RecoveryRuntime:
         return got
 
     def _push_round(
-        self, up: Mapping[str, int], version: int, weights: Any, prompt: list[int], n: int,
+        self,
+        up: Mapping[str, int],
+        version: int,
+        weights: Any,
+        prompt: list[int],
+        n: int,
         deadline: float,
     ) -> dict[tuple[str, int], tuple[Any, ...] | str]:
         """Each actor's canary is asked right behind its update (an actor runs its calls in
         order), so both answers come back in one round under the push's one deadline."""
+        epoch = self.launcher.epoch
         return _answers(
             {(g, inc): [ref for a in self.actors_table.of(g, inc)
-                        for ref in (a.update_weights.remote(version, weights),
+                        for ref in (a.update_weights.remote(version, weights, epoch=epoch),
                                     a.canary.remote(prompt, n))]
              for g, inc in up.items() if self.actors_table.of(g, inc)},
             deadline,
@@ -881,15 +685,45 @@ class RecoveryRuntime:
         self.runner.execute(effect)
 
     def _record(self, record: dict[str, Any]) -> None:
-        """The controller's journal sink: the ledger first (it cannot fail), then the file."""
-        self.ledger.add(record)
-        self.router.note(record)
-        if self._journal is not None:
-            self._journal(record)
+        """The controller's journal sink: the file (only while this run owns it), then the
+        ledger and the router's admissions (they cannot fail)."""
+        try:
+            if self._journal is not None:
+                self._journal(record)
+        except Fenced as err:  # a resume replaced this run: stop before any effect runs
+            self.failstop.trip(err)
+            raise
+        finally:
+            if self.failstop.error is None:
+                self.ledger.add(record)
+                self.router.note(record)
 
 
-def _actor_id(actor: Any) -> str:
-    return str(actor._actor_id.hex())
+def _journal_for(journal: str | Path, takeover: Takeover | None) -> JsonlJournal:
+    """The journal file, written only while this run's epoch owns it: a resume claimed it
+    already; a new run takes epoch 1, on a journal that holds no run (else it would mix two)."""
+    if takeover is not None:
+        return JsonlJournal(journal, owner=takeover.owner, epoch=takeover.epoch)
+    path = Path(journal)
+    if path.is_file() and path.stat().st_size:
+        holder = JournalOwner(path)
+        try:
+            who = holder.holder()
+        finally:
+            holder.close()
+        raise JournalHeld(
+            f"the journal {path} holds a run already"
+            + (f" (held by epoch {who['epoch']}, pid {who.get('pid')} on {who.get('host')})"
+               if who.get("epoch") else "")
+            + ": resume it (RecoveryRuntime.resume), or give this run a journal of its own"
+        )  # fmt: skip
+    owner = JournalOwner(path)
+    try:
+        owner.claim(1, fresh=True)
+    except BaseException:
+        owner.close()
+        raise
+    return JsonlJournal(path, owner=owner, epoch=1)
 
 
 def _config_dict(model_config: Any) -> dict[str, Any]:

@@ -205,6 +205,11 @@ class Sim:
         out: list[Action] = []
         if not w.closed and self.resumes < s.resumes:
             out += [Action(TRAINER, "resume", v) for v in sorted({w.fleet, max(w.fleet - 1, 0)})]
+            # What the new runtime finds: one process gone, one silent, one stray beside.
+            current = sorted(w.current())
+            out += [Action(TRAINER, "resume_gone", pid) for pid in current]
+            out += [Action(TRAINER, "resume_silent", pid) for pid in current[:1]]
+            out.append(Action(TRAINER, "resume_stray"))
         if not w.closed:
             if w.fleet < s.max_version:
                 out.append(Action(TRAINER, "sync"))
@@ -357,8 +362,8 @@ class Sim:
             return ev.Tick(at=now + t)
         if k == "shutdown":
             return ev.Shutdown(at=now)
-        if k == "resume" and isinstance(t, int):
-            return ev.Resumed(t, at=now)
+        if k.startswith("resume"):
+            return self._resumed(k, t)
         if isinstance(t, int):
             if k == "pin":
                 return ev.CheckpointPinned(t, at=now)
@@ -415,6 +420,22 @@ class Sim:
                 return ev.ProbeOk(t, i, at=now)
         raise ValueError(f"action {a} is not enabled here")
 
+    def _resumed(self, kind: str, target: str | int | float | None) -> ev.Resumed:
+        """A resume at ``target`` (or the fleet's version) that finds every current process,
+        but for the one ``resume_gone`` loses or ``resume_silent`` finds mute; with
+        ``resume_stray`` also a previous incarnation (or a name nobody knows)."""
+        w = self.world
+        found = set(w.current())
+        silent: set[str] = set()
+        if kind in {"resume_gone", "resume_silent"} and isinstance(target, str):
+            found.discard(target)
+            silent = {target} if kind == "resume_silent" else set()
+        if kind == "resume_stray":
+            older = [f"{g}#{p.incarnation - 1}" for g, p in w.procs.items() if p.incarnation > 1]
+            found.add(min(older, default="ghost#1"))
+        version = target if isinstance(target, int) else w.fleet
+        return ev.Resumed(version, epoch=w.epoch + 1, found=found, silent=silent, at=self.now)
+
     # -- doing it ------------------------------------------------------------------------
 
     def step(self, action: Action) -> list[str]:
@@ -426,7 +447,7 @@ class Sim:
         event = self.event_for(action)
         if action.kind in {"fail", "standby_dies"}:
             self.failures += 1
-        if action.kind == "resume":
+        if action.kind.startswith("resume"):
             self.resumes += 1
         return self._send(event)
 
@@ -480,7 +501,9 @@ class Sim:
             ev.WeightsSynced(w.fleet, {}, at=now),
             ev.ExportStarted(w.fleet + 1, at=now),
             ev.GroupRegistered(self.scope.groups[0], w.fleet, at=now),
-            ev.Resumed(w.fleet + 1, at=now),
+            ev.Resumed(w.fleet + 1, epoch=w.epoch + 1, found=(), silent=(), at=now),
+            # The replaced run's resume, or one racing this run's own: an epoch not above.
+            ev.Resumed(w.fleet, epoch=w.epoch, found=sorted(w.current()), silent=(), at=now),
             ev.GroupVerified(first, w.procs[first].incarnation + 1, w.fleet, at=now),
         ]
         if w.closed:
@@ -503,7 +526,7 @@ class Sim:
         before = self.controller.snapshot()
         records = len(self.records)
         try:
-            self.controller.handle(event)
+            effects = self.controller.handle(event)
         except RecoveryError:
             found = self._journaled(event, records)
             if self.controller.snapshot() != before:
@@ -513,7 +536,9 @@ class Sim:
             return self._found(
                 [f"the controller crashed on {event!r}: {type(err).__name__}: {err}"]
             )
-        return self._found([f"the controller accepted {event!r}, which it must refuse"])
+        # Accepted, it happened: the world sees it too (a replay finds what it broke).
+        seen = self.world.observe(event, effects)
+        return self._found([f"the controller accepted {event!r}, which it must refuse", *seen])
 
     # -- liveness ------------------------------------------------------------------------
 

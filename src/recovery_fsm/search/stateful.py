@@ -98,7 +98,9 @@ MISHAPS = frozenset(
         "standby_verify_fails",
     }
 )
-RESUME = frozenset({"resume"})
+RESUME = frozenset({"resume"})  # every current process found and answering
+# A resume that finds one process gone, one mute, or a stray beside them.
+RESUME_ANY = RESUME | {"resume_gone", "resume_silent", "resume_stray"}
 UNPIN = frozenset({"unpin"})
 # "sync" here is a sync before the current version was exported at all.
 RARE = frozenset(
@@ -248,12 +250,12 @@ def race_search(
             recovery checkpoint go (superseded, still the source, or still being written)."""
             self._take(data, UNPIN)
 
-        @precondition(lambda self: bool(_enabled(self.sim, RESUME)))
+        @precondition(lambda self: bool(_enabled(self.sim, RESUME_ANY)))
         @rule(data=st.data())
         def trainer_resumes(self, data: st.DataObject) -> None:
             """The trainer crashed and resumed from its checkpoint (of the fleet's version or
             the one before), with whatever the runtime had in flight."""
-            self._take(data, RESUME)
+            self._take(data, RESUME_ANY)
 
         @precondition(
             lambda self: bool(_enabled(self.sim, RESUME) and _enabled(self.sim, FAILURES))

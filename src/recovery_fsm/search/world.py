@@ -116,6 +116,11 @@ class World:
     # nor for the one a trainer resumed at, which nobody exports again).
     announced: bool = False
     resumed_at: int | None = None  # the version of the last resume
+    epoch: int = 1  # the run's epoch: raised by every resume
+    # Found at the current event's resume and nobody's process: the rules must stop each.
+    strays: set[str] = attrs.Factory(set)
+    # Current processes that did not answer the resume: each must be stopped, not asked.
+    silent: set[str] = attrs.Factory(set)
 
     # -- what happened -------------------------------------------------------------------
 
@@ -124,9 +129,14 @@ class World:
         out: list[str] = []
         self.now = event.at
         self.must_stop = None
+        self.strays, self.silent = set(), set()
         self._event(event, out)
         for effect in effects:
             self._effect(effect, out)
+        for pid in sorted(self.strays):
+            out.append(f"{pid} was found at the resume, nobody's process, and not stopped")
+        for pid in sorted(self.silent):
+            out.append(f"{pid} did not answer the resume and was not stopped")
         if self.must_stop is not None:
             g, i = self.must_stop
             out.append(f"{g}#{i} failed {self.config.suspect_threshold} probes; nobody stopped it")
@@ -169,7 +179,7 @@ class World:
         elif isinstance(e, ev.CheckpointDeleted):
             self._deleted(e.version, out)
         elif isinstance(e, ev.Resumed):
-            self._resumed(e)
+            self._resumed(e, out)
         elif isinstance(e, ev.GroupVerified):
             self._verified(e, out)
         elif isinstance(e, ev.Shutdown):
@@ -208,9 +218,28 @@ class World:
             p.status, p.holds, p.probe_failures, p.since = "down", None, 0, self.now
             p.verifying = False
 
-    def _resumed(self, e: ev.Resumed) -> None:
+    def current(self) -> dict[str, str]:
+        """Every process a resume would find as some group's or standby's: name -> owner."""
+        out = {f"{g}#{p.incarnation}": g for g, p in self.procs.items()
+               if p.status in {"up", "loading", "relaunching"}}  # fmt: skip
+        out |= {
+            f"{n}#1": n for n, s in self.spares.items() if s.status in {"booting", "up", "loading"}
+        }
+        return out
+
+    def _resumed(self, e: ev.Resumed, out: list[str]) -> None:
         """The trainer restarted at ``e.version``; the runtime that ran everything in flight
-        died, and the new one killed every process that is not a group's current one."""
+        died (or was fenced), and the new one reports what it found alive."""
+        if e.epoch <= self.epoch:
+            out.append(
+                f"a resume as epoch {e.epoch} accepted while the run was at {self.epoch}: "
+                "engines would still take the replaced run's commands"
+            )
+        self.epoch = e.epoch
+        current = self.current()
+        self.strays = (set(e.found) | set(e.silent)) - set(current)
+        self.silent = set(e.silent) & set(current)
+        gone = [pid for pid in current if pid not in e.found]
         v = self.fleet = self.resumed_at = e.version
         self.announced = False
         for x in self.exports:  # their writers died: only temporary files are left
@@ -250,6 +279,14 @@ class World:
         for p in self.procs.values():
             if p.status in {"up", "loading", "relaunching"}:
                 p.verifying, p.since = True, e.at
+        for pid in gone:  # gone, or stopped for its silence: it answers nothing
+            owner, _, number = pid.rpartition("#")
+            if owner in self.spares:
+                self.loads.pop((owner, 1), None)
+                self._lose(self.spares[owner], boot_failed=False)
+                self.spares[owner].verifying = False
+            else:
+                self._dies(owner, int(number))
 
     def answer(self, group: str) -> int | str | None:
         """What a verifying process would answer: the weights it holds once what it was
@@ -431,7 +468,16 @@ class World:
                 )
             p.status = "retired"
         elif isinstance(f, fx.StopGroup):
-            self._stop(f, out)
+            if f"{f.group}#{f.incarnation}" in self.silent:
+                self.silent.discard(f"{f.group}#{f.incarnation}")  # down since the resume
+            else:
+                self._stop(f, out)
+        elif isinstance(f, fx.StopFound):
+            pid = f"{f.name}#{f.incarnation}"
+            if pid in self.strays:
+                self.strays.discard(pid)
+            else:
+                out.append(f"stop of {pid}, which the resume did not find as nobody's process")
         elif isinstance(f, fx.CancelExport):
             if f.version in self.exports:
                 self.exports[f.version].cancel_requested = True
@@ -442,7 +488,10 @@ class World:
         elif isinstance(f, fx.LoadStandby):
             self._load_standby(f, out)
         elif isinstance(f, fx.StopStandby):
-            self._stop_standby(f, out)
+            if f"{f.standby}#1" in self.silent:
+                self.silent.discard(f"{f.standby}#1")  # lost since the resume
+            else:
+                self._stop_standby(f, out)
         elif isinstance(f, fx.VerifyStandby):
             s = self.spares.get(f.standby)
             if s is None or not s.verifying:
@@ -792,6 +841,8 @@ class World:
 
     def check(self, c: RecoveryController) -> list[str]:
         out: list[str] = []
+        if c.epoch != self.epoch:
+            out.append(f"the controller is at epoch {c.epoch}; the run's is {self.epoch}")
         live = {f"{g}#{i}" for (g, i), load in self.loads.items() if load.path is not None}
         if set(c.leases) != live:
             out.append(f"controller holds leases {sorted(c.leases)}; loaders hold {sorted(live)}")
