@@ -195,3 +195,57 @@ def test_a_resume_the_journal_cannot_take_is_refused_before_anything_is_touched(
     # Bad groups are refused from the store too, before any engine or file is touched.
     refused(tmp_path / "new.jsonl", 2, "groups=", from_store=True, groups=["g0", "g0"])
     assert not (tmp_path / "new.jsonl").exists()
+
+
+def test_a_resume_fences_the_trainer_it_replaces_while_that_one_still_pushes(
+    tmp_path: Path,
+) -> None:
+    """The old trainer was not dead (a supervisor killed its wrapper): it goes on pushing
+    weights of its own while a new trainer resumes the run. The resume claims the journal's
+    next epoch and tells every engine; from then on the engines refuse the old trainer's
+    commands and its journal records are refused. Checked: every engine holds exactly the
+    new run's weights after the old one kept trying, the journal has one writer (steps
+    consecutive, replays clean), no engine was booted or killed by either, and the old
+    trainer stopped with ``ControllerStopped`` caused by ``Fenced``."""
+    address = ray.get_runtime_context().gcs_address
+    common = ["--address", address, "--root", str(tmp_path / "ckpt"), "--journal",
+              str(tmp_path / "journal.jsonl"), "--run", f"fence-{tmp_path.name}"]  # fmt: skip
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    old = subprocess.Popen(
+        [sys.executable, str(TRAINER), "crash", *common, "--at", "alive"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        lines: list[dict[str, Any]] = []
+        assert old.stdout is not None
+        while not any("pushed" in x for x in lines):  # it runs, and pushes
+            line = old.stdout.readline()
+            assert line, "the old trainer ended early"
+            if line.startswith("{"):
+                lines.append(json.loads(line))
+        new = subprocess.run(
+            [sys.executable, str(TRAINER), "resume-beside", *common],
+            capture_output=True, text=True, timeout=400, env=env, check=False,
+        )  # fmt: skip
+        assert new.returncode == 0, new.stderr[-4000:]
+        out, _ = old.communicate(timeout=120)
+    finally:
+        if old.poll() is None:
+            old.kill()
+    lines += [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    report, replayed = [json.loads(x) for x in new.stdout.splitlines() if x.startswith("{")]
+    assert report["epoch"] == 2 and report["owner"]["epoch"] == 2
+    assert report["owner"]["pid"] == report["pid"]  # one writer: the resumed trainer
+    # Not one of the old trainer's commands ran after the takeover: every engine holds the
+    # new run's weights of 3, though the old trainer pushed its own 3, 4, ... meanwhile.
+    assert report["version"] == 3 and all(report["serving"].values())
+    assert report["held"] == {g: [report["want"]] for g in ("g0", "g1")}
+    assert report["resumption"]["restarted"] == [] and report["loads_from_deleted"] == 0
+    steps = report["steps"]
+    assert steps == list(range(steps[0], steps[0] + len(steps)))  # no interleaved writer
+    assert replayed["replay_ok"]
+    # The old trainer was told why, and left the engines to the run that replaced it.
+    [stopped] = [x for x in lines if "stopped" in x]
+    assert stopped["stopped"] == "ControllerStopped" and stopped["first"] == "Fenced"
+    assert "replaced by a resume" in stopped["message"]
+    assert any(x.get("closed") for x in lines)

@@ -111,7 +111,32 @@ def crash(args: argparse.Namespace) -> None:
         rt.kill("g1")
         until(lambda: rt.controller.group("g1").starting)
         die()
+    if args.at == "alive":  # never dies: it goes on pushing a future of its own
+        keep_pushing(rt)
+        return
     raise SystemExit(f"unknown point {args.at}")
+
+
+def keep_pushing(rt: RecoveryRuntime) -> None:
+    """The trainer a supervisor thought dead: it pushes versions 3, 4, ... (weights of its
+    own, unlike the resumed run's) until the runtime stops it, and says how it was told."""
+    v = PINNED
+    try:
+        while True:
+            v += 1
+            m = model(500 + v)
+            got = rt.push(m, v)
+            print(json.dumps({"pushed": v, "got": got}), flush=True)
+            rt.synced(v, got, m)
+            time.sleep(0.3)
+    except Exception as err:
+        first = getattr(err, "first", None)
+        print(json.dumps({"stopped": type(err).__name__, "first": type(first).__name__,
+                          "message": str(err), "at": v}), flush=True)  # fmt: skip
+        rt.close(drain_timeout_s=5.0)
+        left = [a for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["namespace"] == f"recovery-fsm.{rt.launcher.run}"]  # fmt: skip
+        print(json.dumps({"closed": True, "engines_left": len(left)}), flush=True)
 
 
 def resume(args: argparse.Namespace) -> None:
@@ -175,9 +200,43 @@ def resume(args: argparse.Namespace) -> None:
     }), flush=True)
 
 
+def resume_beside(args: argparse.Namespace) -> None:
+    """Resume while the old trainer still runs and pushes; sync 3 (the new run's weights),
+    let the old one try for a while, and report what each engine holds."""
+    from recovery_fsm.export import model_digest
+    from recovery_fsm.journal import owner_path
+
+    rt, found = RecoveryRuntime.resume(
+        args.root, run=args.run, version=PINNED, journal=args.journal, **options(args)
+    )
+    sync(rt, PINNED + 1).result(timeout=60)
+    until(lambda: all(g.serving for g in rt.controller.groups().values()))
+    time.sleep(3.0)  # the old trainer pushes on, if it can
+    views = rt.controller.groups()
+    held = {g: [ray.get(a.weights.remote(), timeout=30).digest
+                for a in rt.actors_table.of(g, v.incarnation)]
+            for g, v in views.items()}  # fmt: skip
+    stats = rt.statistics()
+    records = list(read_journal(args.journal))
+    print(json.dumps({
+        "epoch": found.epoch,
+        "resumption": attrs.asdict(found),
+        "held": held,
+        "want": model_digest(model(PINNED + 1)),
+        "version": rt.controller.version,
+        "serving": {g: v.serving for g, v in views.items()},
+        "steps": [r["step"] for r in records if "step" in r],
+        "owner": json.loads(owner_path(args.journal).read_text()),
+        "pid": os.getpid(),
+        "loads_from_deleted": stats.loads_from_deleted,
+    }), flush=True)
+    rt.close()
+    print(json.dumps({"replay_ok": replay(args.journal).ok}), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["crash", "resume"])
+    p.add_argument("mode", choices=["crash", "resume", "resume-beside"])
     p.add_argument("--address", required=True)
     p.add_argument("--root", required=True)
     p.add_argument("--journal", required=True)
@@ -186,7 +245,7 @@ def main() -> None:
     p.add_argument("--standby", type=int, default=0)
     args = p.parse_args()
     ray.init(address=args.address, log_to_driver=False, logging_level="ERROR")
-    (crash if args.mode == "crash" else resume)(args)
+    {"crash": crash, "resume": resume, "resume-beside": resume_beside}[args.mode](args)
 
 
 if __name__ == "__main__":

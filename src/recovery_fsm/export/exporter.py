@@ -406,6 +406,16 @@ class AsyncHFExporter:
         job.handle.cancel()
         return True
 
+    def cancel_current(self) -> bool:
+        """Cancel whatever export is in flight (a runtime a resume replaced writes nothing
+        more into the run's checkpoint root). Returns whether there was one."""
+        with self._lock:
+            job = self._current
+        if job is None or job.handle.done():
+            return False
+        job.handle.cancel()
+        return True
+
     def close(self, *, cancel: bool = False) -> None:
         """Flush: wait for the export in flight to commit (or cancel it first)."""
         me = threading.get_ident()

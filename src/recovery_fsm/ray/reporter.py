@@ -94,11 +94,13 @@ class Reporter:
         """Send for a caller that wants refusals raised (the trainer, the exporter)."""
         self._failstop.check()
         try:
-            return self._link.send(cls, **fields)
+            effects = self._link.send(cls, **fields)
         except ControllerBroken as err:
             raise self._failstop.trip(err) from err
         finally:
             self._notify()
+        self._failstop.check()  # tripped by this very event (its journal was fenced)
+        return effects
 
     def report(self, cls: type[ev.Event], **fields: Any) -> bool:
         """Report an outcome; True if the controller took it. Never raises."""

@@ -261,6 +261,7 @@ class RecoveryRuntime:
         )  # fmt: skip
         self.failstop.on_trip(self.runner.halt)
         self.failstop.on_trip(lambda: self.monitor.stop(timeout=0))
+        self.failstop.on_trip(self._if_fenced)
         self._started = takeover is not None  # a resume's runtime runs the fleet it found
         self._closed = False
         self._lifetime = threading.Lock()
@@ -337,6 +338,12 @@ class RecoveryRuntime:
                 staging.unlink(missing_ok=True)  # not published: nobody resumes from it
             raise
         return rt, found
+
+    def _if_fenced(self) -> None:
+        """Replaced by a resume: the export in flight writes nothing more into the root."""
+        stopped = self.failstop.error
+        if stopped is not None and isinstance(stopped.first, Fenced):
+            self.exporter.cancel_current()
 
     def _publish(self, path: Path | None) -> None:
         """A journal written while resuming from the store is complete: move it in place."""
@@ -438,6 +445,8 @@ class RecoveryRuntime:
                 log.warning("push of %d: rollout calls still in flight after %.1f s",
                             version, self.push_timeout_s / 2)  # fmt: skip
             answered = self._push_round(up, version, weights, prompt, n, deadline)
+        except Fenced as err:  # a resume replaced this run: its engines refused the push
+            raise self.failstop.trip(err) from err
         finally:
             self.rollouts.gate.release()
         loads_after = self.counters.loads_in_place_by_group()
@@ -642,7 +651,8 @@ class RecoveryRuntime:
 
     def close(self, *, drain_timeout_s: float = 60.0) -> bool:
         """Stop in order: monitor, exporter (cancel), Shutdown, drain, link, runner, actors,
-        journal. Returns whether the controller drained in time (False after fail-stop)."""
+        journal. Returns whether the controller drained in time (False after fail-stop). A
+        runtime a resume replaced (``Fenced``) kills nothing: its engines are the new run's."""
         with self._lifetime:
             if self._closed:
                 return self.failstop.error is None and self.controller.drained
@@ -668,7 +678,13 @@ class RecoveryRuntime:
             finally:
                 self.runner.close(timeout=drain_timeout_s)
         finally:
-            kill(self.actors_table.close())
+            left = self.actors_table.close()
+            stopped = self.failstop.error
+            if stopped is not None and isinstance(stopped.first, Fenced):
+                log.warning("closing a runtime a resume replaced: its %d engines are the new "
+                            "run's, left running", len(left))  # fmt: skip
+            else:
+                kill(left)
             if self._journal is not None:
                 self._journal.close()
         return drained
@@ -758,6 +774,8 @@ def _answers(
         else:
             try:
                 out[key] = tuple(ray.get(refs, timeout=0))
+            except Fenced:
+                raise  # an engine serves a newer run: this runtime must stop, not count it
             except Exception as err:
                 out[key] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     return out
