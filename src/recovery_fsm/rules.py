@@ -462,14 +462,7 @@ class Rules:
             if sb.record.state in STANDBY_FINAL:  # its start's process is stopped above, or gone
                 self._end_standby_start(sb)
                 self._forget_standby(sb)
-        for (name, incarnation), start in list(self.starts.items()):
-            g = self.groups.get(name)
-            if g is None or (
-                incarnation == g.record.incarnation and g.record.state == GroupState.RESUMING
-            ):
-                continue  # still to answer an earlier resume's verification
-            if self._orphaned(g, incarnation, start):
-                self._end_start(g, incarnation)  # its process is stopped above, or was gone
+        self._end_orphaned_starts()
         for pid, slot in current.items():
             self._resume_process(slot, pid in answered)
         for pid, slot in current.items():
@@ -478,6 +471,18 @@ class Rules:
         for g in list(self.groups.values()):
             if g.record.state == GroupState.AWAITING_CHECKPOINT:
                 self._recover(g, may_wait=False)  # the export it awaited died
+
+    def _end_orphaned_starts(self) -> None:
+        """A start of a process that is no group's current one ends at a resume: that
+        process was stopped by the resume's first effects, or was gone already."""
+        for (name, incarnation), start in list(self.starts.items()):
+            g = self.groups.get(name)
+            if g is None or (
+                incarnation == g.record.incarnation and g.record.state == GroupState.RESUMING
+            ):
+                continue  # still to answer an earlier resume's verification
+            if self._orphaned(g, incarnation, start):
+                self._end_start(g, incarnation)
 
     def _current_processes(self) -> dict[str, GroupSlot | StandbySlot]:
         """Every process the rules count as a group's current one or a standby, by name."""

@@ -3,10 +3,12 @@ the controller's decisions on them (see ``runtime.py`` for how they fit)."""
 
 from .actors import ActorTable, Booted, BootFailed, Launcher
 from .engine import Generation, ReferenceEngine, RolloutEngine, WeightsHeld
+from .errors import AlreadyStarted, BadRuntimeInput, VersionNotAbove
 from .hosting import RecoveryControllerActor, RemoteController, RemoteLink
 from .monitor import HealthMonitor
 from .placement import SharedRootError, check_shared_root
 from .reporter import FailStop, Reporter
+from .resume import Resumption
 from .rollouts import (
     Certificate,
     Policy,
@@ -18,16 +20,10 @@ from .rollouts import (
 )
 from .router import NoServingGroup, NotServing, TrafficRouter
 from .runner import EffectRunner
-from .runtime import (
-    AlreadyStarted,
-    BadRuntimeInput,
-    RecoveryRuntime,
-    Resumption,
-    Statistics,
-    VersionNotAbove,
-)
+from .runtime import RecoveryRuntime
 from .safety import SafetyCounters, SafetySnapshot
 from .sampling import BadSampling, Batch, EngineSample, EngineWedged, Sampling
+from .statistics import Statistics
 from .vllm_engine import VLLMEngine
 
 __all__ = [

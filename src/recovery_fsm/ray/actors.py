@@ -24,6 +24,7 @@ import ray
 
 from ..errors import Fenced
 from .engine import WeightsHeld
+from .errors import BadRuntimeInput
 
 log = logging.getLogger(__name__)
 
@@ -399,3 +400,17 @@ class Launcher:
         except Exception as err:
             first = str(err).splitlines()[0] if str(err) else ""
             return BootFailed(f"{type(err).__name__}: {first}")
+
+
+def config_dict(model_config: Any) -> dict[str, Any]:
+    if isinstance(model_config, Mapping):
+        return dict(model_config)
+    to_dict = getattr(model_config, "to_dict", None)
+    if callable(to_dict):  # a transformers PretrainedConfig
+        out = to_dict()
+        if isinstance(out, Mapping):
+            return dict(out)
+    raise BadRuntimeInput(
+        f"model_config must be a mapping (config.to_dict()) or a transformers config, got "
+        f"{type(model_config).__name__}"
+    )

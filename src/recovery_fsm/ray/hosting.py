@@ -35,7 +35,7 @@ from .. import (
 )
 from .. import effects as fx
 from .. import events as ev
-from ..host import EffectError, FailedEffects
+from ..host import ControllerLink, ControllerQueries, EffectError, FailedEffects, Link
 from ..journal import JsonlJournal
 
 log = logging.getLogger(__name__)
@@ -296,3 +296,28 @@ class RemoteLink:
             self._stop.set()
         self._thread.join(timeout)
         return done and not self._thread.is_alive()
+
+
+def host_controller(
+    rebuilt: RecoveryController | None,
+    actor: Any,
+    new: Callable[[], RecoveryController],
+    *,
+    journal: Callable[[dict[str, Any]], None],
+    after_step: int,
+    execute: Callable[[Any], None],
+    report_timeout_s: float,
+) -> tuple[ControllerQueries, Link, str | None]:
+    """Where a runtime's controller lives, and the link its reports take: a controller
+    rebuilt by a resume (it goes on writing its journal after ``after_step``), one hosted by
+    a ``RecoveryControllerActor`` (which keeps its own journal, whose path is returned), or a
+    ``new`` one in this process."""
+    if rebuilt is not None:
+        rebuilt.continue_journal(journal, after_step)
+        return rebuilt, ControllerLink(rebuilt, execute=execute), None
+    if actor is None:
+        local = new()
+        return local, ControllerLink(local, execute=execute), None
+    remote = RemoteController(actor)
+    link = RemoteLink(actor, execute=execute, timeout_s=report_timeout_s)
+    return remote, link, remote.journal_path()

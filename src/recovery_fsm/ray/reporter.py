@@ -38,9 +38,9 @@ class FailStop:
         self._lock = threading.Lock()
         self.journal = journal  # named by ControllerStopped: the journal to rebuild from
         self._error: ControllerStopped | None = None
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners: list[Callable[[], object]] = []
 
-    def on_trip(self, listener: Callable[[], None]) -> None:
+    def on_trip(self, listener: Callable[[], object]) -> None:
         with self._lock:
             self._listeners.append(listener)
 

@@ -33,19 +33,16 @@ import ray
 
 from .. import RecoveryController, RecoveryError
 from .. import events as ev
-from ..journal import JournalOwner, read_journal, trim_torn_tail
+from ..journal import JournalHeld, JournalOwner, JsonlJournal, read_journal, trim_torn_tail
 from ..search.replay import rebuild
 from .actors import kill
+from .errors import BadRuntimeInput
 from .placement import check_shared_root
 
 if TYPE_CHECKING:
     from .runtime import RecoveryRuntime
 
 log = logging.getLogger(__name__)
-
-
-class BadRuntimeInput(RecoveryError, TypeError):
-    """An argument of the runtime is not what it expects; nothing was started."""
 
 
 @attrs.frozen
@@ -146,7 +143,7 @@ def _rebuilt(path: Path, version: int) -> tuple[RecoveryController, list[dict[st
     return controller, records
 
 
-def from_journal(path: Path, version: int) -> Takeover:
+def claim_journal(path: Path, version: int) -> Takeover:
     """Steps 1 to 3: check, claim the journal's next epoch, rebuild."""
     torn = trim_torn_tail(path)
     if torn:
@@ -164,7 +161,7 @@ def from_journal(path: Path, version: int) -> Takeover:
     return Takeover(epoch, owner, controller, tuple(records), len(torn))
 
 
-def from_store(journal: Path | None) -> Takeover:
+def claim_store(journal: Path | None) -> Takeover:
     """Step 2 without a journal to read: the epoch above whoever held ``journal`` (2 at
     least: the replaced run's engines may hold 1)."""
     if journal is None:
@@ -253,6 +250,73 @@ def _removed_checkpoints(rt: RecoveryRuntime, version: int, store_pins: frozense
             rt.store.delete(p)
             removed.append(str(p))
     return removed
+
+
+def resume(
+    cls: type[RecoveryRuntime],
+    root: str | Path,
+    run: str,
+    version: int,
+    journal: str | Path | None,
+    from_store: bool,
+    pinned: Collection[int],
+    discover_s: float,
+    settle_s: float,
+    options: dict[str, Any],
+) -> tuple[RecoveryRuntime, Resumption]:
+    """``RecoveryRuntime.resume``: a runtime opened by a ``Takeover`` (steps 1 to 3), then
+    ``take_over``; whatever raises closes what was opened, and a staged journal goes."""
+    path, pins = checked_arguments(version, from_store, pinned, journal, options)
+    opening = _open_from_store if from_store else _open_from_journal
+    rt, staging = opening(cls, root, run, version, path, options)
+    try:
+        found = take_over(
+            rt, version, discover_s, settle_s, store_pins=pins if from_store else None,
+            published=None if staging is None else (lambda: rt.publish_journal(path)),
+        )  # fmt: skip
+    except BaseException:
+        rt.close(drain_timeout_s=5.0)
+        if staging is not None:
+            staging.unlink(missing_ok=True)  # not published: nobody resumes from it
+        raise
+    return rt, found
+
+
+def _open_from_journal(
+    cls: type[RecoveryRuntime], root: str | Path, run: str, version: int, path: Path | None,
+    options: dict[str, Any],
+) -> tuple[RecoveryRuntime, None]:  # fmt: skip
+    assert path is not None  # checked_arguments: a resume reads the run's journal
+    return _open(cls, root, run, path, claim_journal(path, version), options), None
+
+
+def _open_from_store(
+    cls: type[RecoveryRuntime], root: str | Path, run: str, version: int, path: Path | None,
+    options: dict[str, Any],
+) -> tuple[RecoveryRuntime, Path | None]:  # fmt: skip
+    """The controller starts at the trainer's version and is told the rest; its journal is
+    written beside ``path`` and moved there once ``Resumed`` is in it (a resume that dies
+    before leaves no journal a second resume would trust)."""
+    if options.get("controller_actor") is not None:
+        raise BadRuntimeInput("resume runs the controller in this process: no controller_actor")
+    log.warning("resuming from the checkpoint store %s: the history is not known", root)
+    staging = None if path is None else path.with_name(path.name + ".resuming")
+    if staging is not None:
+        staging.unlink(missing_ok=True)  # a resume that died before it finished
+    options = {**options, "initial_version": version}
+    return _open(cls, root, run, staging, claim_store(path), options), staging
+
+
+def _open(
+    cls: type[RecoveryRuntime], root: str | Path, run: str, journal: Path | None,
+    takeover: Takeover, options: dict[str, Any],
+) -> RecoveryRuntime:  # fmt: skip
+    try:
+        return cls(root, run=run, journal=journal, takeover=takeover, **options)
+    except BaseException:
+        if takeover.owner is not None:
+            takeover.owner.close()
+        raise
 
 
 def take_over(
@@ -346,3 +410,30 @@ def _describe(
 
 def _actor_id(actor: Any) -> str:
     return str(actor._actor_id.hex())
+
+
+def open_journal(journal: str | Path, takeover: Takeover | None) -> JsonlJournal:
+    """The journal file, written only while this run's epoch owns it: a resume claimed it
+    already; a new run takes epoch 1, on a journal that holds no run (else it would mix two)."""
+    if takeover is not None:
+        return JsonlJournal(journal, owner=takeover.owner, epoch=takeover.epoch)
+    path = Path(journal)
+    if path.is_file() and path.stat().st_size:
+        holder = JournalOwner(path)
+        try:
+            who = holder.holder()
+        finally:
+            holder.close()
+        raise JournalHeld(
+            f"the journal {path} holds a run already"
+            + (f" (held by epoch {who['epoch']}, pid {who.get('pid')} on {who.get('host')})"
+               if who.get("epoch") else "")
+            + ": resume it (RecoveryRuntime.resume), or give this run a journal of its own"
+        )  # fmt: skip
+    owner = JournalOwner(path)
+    try:
+        owner.claim(1, fresh=True)
+    except BaseException:
+        owner.close()
+        raise
+    return JsonlJournal(path, owner=owner, epoch=1)

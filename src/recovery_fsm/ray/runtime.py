@@ -1,16 +1,13 @@
 """The Ray runtime: the parts that carry out the controller's decisions, and their lifetimes.
 
-``RecoveryRuntime`` composes and owns; each part gets only what it uses:
-
-- ``ActorTable`` (``actors.py``): which actors run each group's current process;
-  ``Launcher`` starts and calls them and returns ``Booted``/``BootFailed``;
-- ``SafetyCounters`` (``safety.py``): loads of deleted paths, loads in place, paths in use
-  and the reporter's tallies, read as one ``SafetySnapshot``;
-- ``Reporter`` (``reporter.py``): one send policy for every outcome, and the fail-stop
-  latch that the first ``ControllerBroken`` trips;
-- ``EffectRunner`` (``runner.py``): executes effects; ``HealthMonitor`` (``monitor.py``):
-  detects death and hangs and sends ``Tick``; ``TrafficRouter`` (``router.py``): sends
-  requests only where the routing effects say.
+``RecoveryRuntime`` composes and owns; each part gets only what it uses: the ``ActorTable``
+and ``Launcher`` (``actors.py``: which actors run each process, starting and calling them,
+each call carrying the run's epoch); ``SafetyCounters`` (``safety.py``); the ``Reporter``
+and its fail-stop latch (``reporter.py``); ``Weights`` (``weights.py``: the first boot,
+pushes, exports); the ``EffectRunner`` (``runner.py``), the ``HealthMonitor``
+(``monitor.py``), the ``TrafficRouter`` (``router.py``) and the ``RolloutClient``
+(``rollouts.py``). A resume opens it from a ``Takeover`` (``resume.py``); what a trainer
+reads of it is in ``views.py``.
 
 Lock order (a lock may be taken while holding the ones to its left, never the reverse):
 link (``ControllerLink._lock``) -> controller -> journal sink (ledger). The table, the
@@ -18,8 +15,8 @@ counters, the router, the runner and the fail-stop latch hold leaf locks: nothin
 while holding them (effects run, outcomes are reported and listeners are called outside).
 
 After fail-stop the runner runs nothing more, the monitor stops, and every trainer call
-(``start``, ``push``, ``sync``, ``synced``, ``generate``) raises ``ControllerStopped``, which
-names the journal to rebuild from. ``close`` still kills the actors and closes the journal.
+raises ``ControllerStopped``, which names the journal to rebuild from; ``close`` still kills
+the actors and closes the journal. Replaced by a resume (``Fenced``), it kills nothing.
 
 Ray must be initialised by the caller (``ray.init``); nothing here addresses another host.
 """
@@ -28,45 +25,40 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Collection, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-
-import attrs
-import ray
-import torch
 
 from .. import (
     ExporterClosed,
     Fenced,
     RecoveryConfig,
     RecoveryController,
-    RecoveryError,
     Rules,
 )
 from .. import events as ev
-from ..export import AsyncHFExporter, CheckpointStore, ExportHandle, model_digest
+from ..export import AsyncHFExporter, CheckpointStore, ExportHandle
 from ..export.canary import Canary
 from ..export.canary import of_model as canary_of
-from ..host import ControllerLink, ControllerQueries, EffectError, Link
-from ..journal import JournalHeld, JournalOwner, JsonlJournal
-from ..journal.ledger import PATHS, Ledger
-from . import admission
+from ..host import ControllerQueries, Link
+from ..journal.ledger import Ledger
 from . import resume as resuming
-from .actors import ActorTable, BootFailed, Launcher, kill
+from .actors import ActorTable, Launcher, config_dict, kill
 from .engine import Generation, ReferenceEngine
-from .hosting import RemoteController, RemoteLink
+from .errors import AlreadyStarted, BadRuntimeInput, VersionNotAbove, checked_options
+from .hosting import host_controller
 from .monitor import HealthMonitor
 from .placement import SharedRootError, check_shared_root
 from .reporter import FailStop, Reporter
-from .resume import BadRuntimeInput, Resumption, Takeover
-from .rollouts import IN_FLIGHT_MODES, Policy, PromptSamples, RolloutClient, RolloutCounters
+from .resume import Resumption, Takeover, open_journal
+from .rollouts import Policy, PromptSamples, RolloutClient
 from .router import NoServingGroup, NotServing, TrafficRouter, UserRouter
 from .runner import EffectRunner
-from .safety import SafetyCounters, SafetySnapshot
+from .safety import SafetyCounters
 from .sampling import Sampling
+from .statistics import Statistics
+from .views import RuntimeViews
+from .weights import Weights
 
 log = logging.getLogger(__name__)
 
@@ -86,41 +78,7 @@ __all__ = [
 ]
 
 
-class AlreadyStarted(RecoveryError):
-    """``start`` was called on a runtime that already started (or closed)."""
-
-
-class VersionNotAbove(RecoveryError, ValueError):
-    """A push or sync of a version not above the fleet's; nothing was pushed."""
-
-
-@attrs.frozen
-class Statistics:
-    """What the runtime saw, for a trainer's metrics (a snapshot; plain values). Failures,
-    recoveries and latencies are the ledger's (the same numbers as ``hooks.metrics()``)."""
-
-    failures: int  # failures in the journal (deaths, hangs, deadlines, failed starts)
-    recoveries: Mapping[str, int]  # per path: "immediate", "waited", "cold" (see ledger)
-    latency_s: Mapping[str, tuple[float, ...]]  # from the failure to admitted, per path
-    effects_in_flight: int  # starts and deletes queued or running
-    failed_effects: int  # executions that raised or failed for good, kept for retry_failed
-    safety: SafetySnapshot
-    rollouts: RolloutCounters = attrs.field(factory=RolloutCounters)
-
-    @property
-    def refused_reports(self) -> int:
-        return self.safety.refused_reports
-
-    @property
-    def lost_reports(self) -> int:
-        return self.safety.lost_reports
-
-    @property
-    def loads_from_deleted(self) -> int:
-        return self.safety.loads_from_deleted
-
-
-class RecoveryRuntime:
+class RecoveryRuntime(RuntimeViews):
     """Everything between the controller and the Ray actors, with one owner of every lifetime.
 
     ``groups`` names the worker groups; each is ``actors_per_group`` actors of ``engine``
@@ -173,27 +131,15 @@ class RecoveryRuntime:
         takeover: Takeover | None = None,
     ) -> None:
         self.groups = list(groups)
-        self.model_config = _config_dict(model_config)
-        self.config = config or RecoveryConfig()
-        if standby is not None:
-            if type(standby) is not int or standby < 0:
-                raise BadRuntimeInput(f"standby must be an int >= 0, got {standby!r}")
-            self.config = attrs.evolve(self.config, standby=standby)
-        if not isinstance(standby_push, bool):
-            raise BadRuntimeInput(f"standby_push must be a bool, got {standby_push!r}")
-        self.standby_push = standby_push
-        if in_flight not in IN_FLIGHT_MODES:
-            raise BadRuntimeInput(f"in_flight must be one of {IN_FLIGHT_MODES}, got {in_flight!r}")
-        self.in_flight = in_flight
-        # What the latest pushed version should show at admission: (version, digest, canary).
-        self._pushed: tuple[int, str | None, Canary] | None = None
-        self._push_evidence: tuple[int, str] | None = None  # what the last push checked
+        self.model_config = config_dict(model_config)
+        self.config = checked_options(config or RecoveryConfig(), standby, standby_push,
+                                      in_flight)  # fmt: skip
         self.initial_version = initial_version
         self.call_timeout_s = call_timeout_s
         self.push_timeout_s = push_timeout_s
         self.takeover = takeover
         self.epoch = 1 if takeover is None else takeover.epoch  # what every engine call carries
-        self._journal = None if journal is None else _journal_for(journal, takeover)
+        self._journal = None if journal is None else open_journal(journal, takeover)
         self.ledger = Ledger()  # every record the controller journals, folded
         for record in () if takeover is None else takeover.records:
             self.ledger.add(record)  # the run's failures and recoveries so far
@@ -206,28 +152,18 @@ class RecoveryRuntime:
         self.controller: ControllerQueries
         self.link: Link
         self.runner: EffectRunner  # set below: the link's executor needs it
-        if takeover is not None and takeover.controller is not None:
-            # resume: the rebuilt controller goes on writing its journal
-            local = takeover.controller
-            self.config = local.config
-            local.continue_journal(self._record, takeover.after_step)
-            self.controller = local
-            self.link = ControllerLink(local, execute=self._execute)
-            journal_path = None if journal is None else str(journal)
-        elif controller_actor is None:
-            local = RecoveryController(
-                self.config, initial_version=initial_version, journal=self._record, rules=rules
-            )
-            self.controller = local
-            self.link = ControllerLink(local, execute=self._execute)
-            journal_path = None if journal is None else str(journal)
-        else:  # hosted by a RecoveryControllerActor, which keeps its own journal
-            remote = RemoteController(controller_actor)
-            self.controller = remote
-            self.link = RemoteLink(controller_actor, execute=self._execute,
-                                   timeout_s=report_timeout_s)  # fmt: skip
-            journal_path = remote.journal_path()
-
+        rebuilt = None if takeover is None else takeover.controller
+        if rebuilt is not None:
+            self.config = rebuilt.config  # the run's, as its journal recorded it
+        self.controller, self.link, journal_path = host_controller(
+            rebuilt, controller_actor,
+            lambda: RecoveryController(self.config, initial_version=initial_version,
+                                       journal=self._record, rules=rules),
+            journal=self._record, after_step=0 if takeover is None else takeover.after_step,
+            execute=self._execute, report_timeout_s=report_timeout_s,
+        )  # fmt: skip
+        if journal_path is None and journal is not None:  # else the controller actor's own
+            journal_path = str(journal)
         self.failstop.journal = journal_path
         self.counters = SafetyCounters()
         self.reporter = Reporter(self.link, self.counters, self.failstop)
@@ -243,6 +179,12 @@ class RecoveryRuntime:
             certified=controller_actor is None, vocab_size=vocab if type(vocab) is int else None,
             epoch=lambda: self.launcher.epoch,
         )  # fmt: skip
+        self.weights = Weights(
+            launcher=self.launcher, table=self.actors_table, store=self.store,
+            controller=self.controller, counters=self.counters, gate=self.rollouts.gate,
+            push_timeout_s=push_timeout_s, in_flight=in_flight,
+            push_to_standbys=standby_push and self.config.standby > 0,
+        )  # fmt: skip
         self.exporter = AsyncHFExporter(
             self.store, report=self.reporter.send, **(exporter_options or {})
         )
@@ -251,7 +193,7 @@ class RecoveryRuntime:
             launcher=self.launcher, reporter=self.reporter, counters=self.counters,
             router=self.router, store=self.store, cancel_export=self.exporter.cancel,
             max_parallel=max_parallel or len(self.groups) + self.config.standby + 1,
-            delete_attempts=delete_attempts, expected=self._expected,
+            delete_attempts=delete_attempts, expected=lambda v: self.weights.expected(v),
         )  # fmt: skip
         self.monitor = HealthMonitor(
             reporter=self.reporter, controller=self.controller, table=self.actors_table,
@@ -261,7 +203,8 @@ class RecoveryRuntime:
         )  # fmt: skip
         self.failstop.on_trip(self.runner.halt)
         self.failstop.on_trip(lambda: self.monitor.stop(timeout=0))
-        self.failstop.on_trip(self._if_fenced)
+        # Replaced by a resume: the export in flight writes nothing more into the root.
+        self.failstop.on_trip(lambda: self.fenced and self.exporter.cancel_current())
         self._started = takeover is not None  # a resume's runtime runs the fleet it found
         self._closed = False
         self._lifetime = threading.Lock()
@@ -283,69 +226,27 @@ class RecoveryRuntime:
         **options: Any,
     ) -> tuple[RecoveryRuntime, Resumption]:
         """Take over a named ``run`` after the trainer's restart at ``version`` (its own
-        checkpoint's). The controller is rebuilt from ``journal`` (an unfinished last line is
-        cut and reported), the run's engines that survived are found in its namespace, and
-        ``Resumed`` decides: a process holding ``version`` serves again without a reboot, one
-        holding another loads C(v) in place (or waits for the next push), a missing one
-        restarts; a surviving standby is asked likewise (kept current, or loads C(v); no
-        boot), orphans are killed, the future's checkpoints deleted. Returns once every
-        group and standby answered and came to rest (serving, or waiting for a push), traffic
-        reaches those serving and those checkpoints are gone (or ``settle_timeout_s``
+        checkpoint's), as the run's next epoch: the journal's owner file and every engine
+        found learn it, so the runtime it replaces (dead, or not) can no longer act. The
+        controller is rebuilt from ``journal`` (an unfinished last line is cut), the run's
+        engines are found in its namespace, and ``Resumed`` reports them: the rules keep a
+        process that answered (it serves again if it holds ``version``, else loads C(v) in
+        place or waits for a push), recover a group whose process is gone or mute, stop
+        every other, and delete the future's checkpoints. Returns once every group and
+        standby came to rest and traffic reaches those serving (or ``settle_timeout_s``
         passed). ``options``: the constructor's (groups, model_config, engine, ...).
 
-        ``from_store=True`` (the journal lost with a node's disk, never flushed) rebuilds the
-        controller from the checkpoint store instead, and journals afresh to ``journal`` if a
-        path is given (only once ``Resumed`` was sent: a crash before leaves no journal that
-        a second resume would trust). Nothing of the run's history is known then: each
-        group's newest surviving process is taken as its incarnation 1 (standbys are killed
-        and booted again), C(v) as the recovery
-        source, ``pinned`` as the versions the trainer pinned (C(v) stays pinned; older ones
-        stay on disk, the trainer's to delete), and every other committed checkpoint is
-        deleted; restart budgets start full. It is never chosen for you: a journal missing
-        by mistake must not delete checkpoints it had pinned."""
-        path, pins = resuming.checked_arguments(version, from_store, pinned, journal, options)
-        if from_store and options.get("controller_actor") is not None:
-            raise BadRuntimeInput("resume runs the controller in this process: no controller_actor")
-        if from_store:
-            log.warning("resuming from the checkpoint store %s: the history is not known", root)
-        # Written beside the journal, moved there once Resumed is in it: a resume that dies
-        # before leaves no journal a second resume would trust.
-        staging = None if path is None or not from_store else path.with_name(
-            path.name + ".resuming")  # fmt: skip
-        if staging is not None:
-            staging.unlink(missing_ok=True)  # a resume that died before it finished
-        if from_store:  # the controller starts at the trainer's version, told the rest
-            takeover = resuming.from_store(path)
-            options = {**options, "initial_version": version}
-        else:
-            assert path is not None  # checked_arguments: a resume reads the run's journal
-            takeover = resuming.from_journal(path, version)
-        try:
-            rt = cls(root, run=run, journal=staging or path, takeover=takeover, **options)
-        except BaseException:
-            if takeover.owner is not None:
-                takeover.owner.close()
-            raise
-        try:
-            found = resuming.take_over(
-                rt, version, discover_timeout_s, settle_timeout_s,
-                store_pins=pins if from_store else None,
-                published=(lambda: rt._publish(path)) if staging is not None else None,
-            )  # fmt: skip
-        except BaseException:
-            rt.close(drain_timeout_s=5.0)
-            if staging is not None:
-                staging.unlink(missing_ok=True)  # not published: nobody resumes from it
-            raise
-        return rt, found
+        ``from_store=True`` (the journal was lost with a node's disk) rebuilds from the
+        checkpoint store instead and journals afresh to ``journal`` once ``Resumed`` is in
+        it. Nothing of the history is known: a group's newest surviving process becomes its
+        incarnation 1, C(v) the recovery source, ``pinned`` the versions kept (older ones
+        stay on disk); every other committed checkpoint is deleted and restart budgets
+        start full. Never chosen for you: a journal missing by mistake must not delete
+        checkpoints it had pinned. See ``resume.py`` for the order of the steps."""
+        return resuming.resume(cls, root, run, version, journal, from_store, pinned,
+                               discover_timeout_s, settle_timeout_s, options)  # fmt: skip
 
-    def _if_fenced(self) -> None:
-        """Replaced by a resume: the export in flight writes nothing more into the root."""
-        stopped = self.failstop.error
-        if stopped is not None and isinstance(stopped.first, Fenced):
-            self.exporter.cancel_current()
-
-    def _publish(self, path: Path | None) -> None:
+    def publish_journal(self, path: Path | None) -> None:
         """A journal written while resuming from the store is complete: move it in place."""
         if path is not None and self._journal is not None:
             self._journal.move(path)
@@ -362,40 +263,15 @@ class RecoveryRuntime:
                 )
             self._started = True
         self.failstop.check()
-        version = self.initial_version
         check_shared_root(self.store.root, self.launcher.actor_options)
-        weights = ray.put(_cpu_state(model))
-        digest = model_digest(model)
-        expected = canary_of(model)
-        # A registered group's first process is incarnation 1 (the controller's count). The
-        # groups boot at once; they register one by one, in order.
-        epoch = self.launcher.epoch
-        with ThreadPoolExecutor(len(self.groups) or 1) as pool:
-            booted = list(pool.map(
-                lambda g: self.launcher.boot(g, 1, lambda a: a.boot_empty.remote(epoch=epoch)),
-                self.groups,
-            ))  # fmt: skip
-        for g, outcome in zip(self.groups, booted, strict=True):
-            if isinstance(outcome, BootFailed):
-                raise RuntimeError(f"group {g} did not boot: {outcome.reason}")
-            pushed = self.launcher.call_all(
-                g, 1, lambda a: a.update_weights.remote(version, weights, epoch=self.launcher.epoch)
-            )
-            why = (
-                pushed.reason
-                if isinstance(pushed, BootFailed)
-                else admission.refusal(self.launcher, g, 1, pushed, digest=digest, canary=expected)
-            )
-            if why is not None:
-                raise RuntimeError(f"group {g} did not take the initial weights: {why}")
-            self.reporter.send(
-                ev.GroupRegistered,
-                group=g,
-                version=version,
-                evidence=admission.evidence(self.launcher, digest, expected),
-            )
-            if self.controller.incarnation(g) != 1:
-                raise RuntimeError(f"the controller numbered {g}'s first process otherwise")
+
+        def register(group: str, evidence: str) -> None:
+            self.reporter.send(ev.GroupRegistered, group=group, version=self.initial_version,
+                               evidence=evidence)  # fmt: skip
+            if self.controller.incarnation(group) != 1:
+                raise RuntimeError(f"the controller numbered {group}'s first process otherwise")
+
+        self.weights.boot(self.groups, self.initial_version, model, register)
         self.monitor.start()
 
     def sync(self, model: Any, version: int) -> dict[str, int]:
@@ -427,67 +303,10 @@ class RecoveryRuntime:
                 f"push of version {version!r}: it must be an int above the fleet's version "
                 f"{fleet}; nothing was pushed"
             )
-        weights = ray.put(_cpu_state(model))
-        digest = model_digest(model) if self.launcher.computes_digest else None
-        expected = canary if canary is not None else canary_of(model)
-        loads_before = self.counters.loads_in_place_by_group()  # before the snapshot of who is up
-        up = self.controller.up_groups()
-        if self.standby_push and self.config.standby:
-            up |= dict.fromkeys(self.controller.up_standbys(), 1)
-        prompt, n = list(expected.prompt), len(expected.answer.tokens)
-        deadline = time.monotonic() + self.push_timeout_s
-        self.rollouts.gate.hold()
         try:
-            # Rollout calls in flight end first (waited for, or aborted and issued again):
-            # a push queued behind a batch would otherwise wait for all of it. Bounded by
-            # the push's own deadline; what still runs then is waited for by the engine.
-            if not self.rollouts.gate.drain(self.in_flight, self.push_timeout_s / 2):
-                log.warning("push of %d: rollout calls still in flight after %.1f s",
-                            version, self.push_timeout_s / 2)  # fmt: skip
-            answered = self._push_round(up, version, weights, prompt, n, deadline)
+            return self.weights.push(model, version, canary)
         except Fenced as err:  # a resume replaced this run: its engines refused the push
             raise self.failstop.trip(err) from err
-        finally:
-            self.rollouts.gate.release()
-        loads_after = self.counters.loads_in_place_by_group()
-        got: dict[str, int] = {}
-        for (g, inc), answers in answered.items():
-            why = (
-                answers
-                if isinstance(answers, str)
-                else admission.push_refusal(expected, digest, answers)
-            )
-            if why is not None:
-                log.warning("weight push of %d to %s#%d refused: %s", version, g, inc, why)
-            elif loads_after.get(g, 0) != loads_before.get(g, 0):
-                # A load in place may have replaced these weights since.
-                log.info("push of %d to %s#%d overlapped a load in place: not reported",
-                         version, g, inc)  # fmt: skip
-            else:
-                got[g] = inc
-        self._pushed = (version, digest, expected)
-        self._push_evidence = (version, admission.evidence(self.launcher, digest, expected))
-        return got
-
-    def _push_round(
-        self,
-        up: Mapping[str, int],
-        version: int,
-        weights: Any,
-        prompt: list[int],
-        n: int,
-        deadline: float,
-    ) -> dict[tuple[str, int], tuple[Any, ...] | str]:
-        """Each actor's canary is asked right behind its update (an actor runs its calls in
-        order), so both answers come back in one round under the push's one deadline."""
-        epoch = self.launcher.epoch
-        return _answers(
-            {(g, inc): [ref for a in self.actors_table.of(g, inc)
-                        for ref in (a.update_weights.remote(version, weights, epoch=epoch),
-                                    a.canary.remote(prompt, n))]
-             for g, inc in up.items() if self.actors_table.of(g, inc)},
-            deadline,
-        )  # fmt: skip
 
     def synced(
         self,
@@ -511,29 +330,15 @@ class RecoveryRuntime:
             raise ExporterClosed(f"synced({version}) after the runtime's exporter was closed")
         # Sent directly: a refusal (an unknown group, a version not above the fleet's) is
         # the trainer's mistake and reaches it, before anything is exported.
-        checked = self._push_evidence
-        evidence = checked[1] if checked is not None and checked[0] == version else ""
         effects = self.reporter.send(ev.WeightsSynced, version=version, groups=dict(groups),
-                                     evidence=evidence)  # fmt: skip
+                                     evidence=self.weights.evidence(version))  # fmt: skip
         self.router.advance(version, groups)
         # A group this sync brought back serves when the call returns: its routing runs on
         # the link's thread, behind what was queued before it (a slow user router delays it).
         if not self.router.wait_routed(effects, self.call_timeout_s):
             log.warning("synced(%d): routing not applied in %.0f s", version, self.call_timeout_s)
-        if isinstance(model, Mapping):
-            if canary is None and not self.launcher.computes_digest:
-                log.warning(
-                    "synced(%d) with full weights and no canary: the engines compute no digest, "
-                    "so every restart from this checkpoint will be refused (pass canary=)",
-                    version,
-                )
-            return self.exporter.export(
-                version, model, config=config, pinned=pinned, tokenizer=tokenizer, canary=canary
-            )
-        return self.exporter.export_model(
-            version, model, pinned=pinned, tokenizer=tokenizer,
-            canary=canary if canary is not None else canary_of(model),
-        )  # fmt: skip
+        return self.weights.export(self.exporter, version, model, pinned=pinned, config=config,
+                                   tokenizer=tokenizer, canary=canary)  # fmt: skip
 
     def pin(self, version: int) -> None:
         """Keep checkpoint ``version`` on disk (its trainer checkpoint is kept too)."""
@@ -546,18 +351,6 @@ class RecoveryRuntime:
         not pinned) reaches the caller and changes nothing."""
         self.failstop.check()
         self.reporter.send(ev.CheckpointUnpinned, version=version)
-
-    def _expected(self, version: int) -> tuple[str | None, Canary | None] | None:
-        """What an engine holding ``version`` should show at admission: the push's record, or
-        the manifest of that version's checkpoint if it is on disk."""
-        pushed = self._pushed
-        if pushed is not None and pushed[0] == version:
-            return pushed[1], pushed[2]
-        path = self.store.path_for(version)
-        if path.is_dir():
-            manifest = self.store.read_manifest(path)
-            return manifest["weights_digest"], admission.manifest_canary(manifest)
-        return None
 
     def generate(self, group: str, prompt: list[int], max_new_tokens: int = 8) -> Generation:
         """Generate on ``group``, which must be serving (``NotServing`` otherwise)."""
@@ -587,67 +380,6 @@ class RecoveryRuntime:
         """``rollout`` on the caller's asyncio loop: many calls may be in flight at once."""
         self.failstop.check()
         return await self.rollouts.arun(prompts, sampling or Sampling(), policy or Policy())
-
-    def raise_if_stopped(self) -> None:
-        """Raise ``ControllerStopped`` once the controller broke (for the trainer hooks)."""
-        self.failstop.check()
-
-    @property
-    def routes(self) -> dict[str, tuple[int, int] | None]:
-        """Group -> (incarnation, version) it serves, or None while it does not."""
-        return self.router.routes
-
-    def kill(self, group: str) -> int:
-        """Chaos: kill the group's current process through Ray (as a crash would); returns
-        the incarnation killed."""
-        inc = self.controller.incarnation(group)
-        kill(self.actors_table.of(group, inc))
-        return inc
-
-    def actors(self, group: str, incarnation: int | None = None) -> list[Any]:
-        """The actor handles of a group's process (default: its current incarnation); empty
-        once that process was stopped."""
-        inc = self.controller.incarnation(group) if incarnation is None else incarnation
-        return self.actors_table.of(group, inc)
-
-    @property
-    def errors(self) -> tuple[EffectError, ...]:
-        """Effects whose execution failed, from every executor (the link's dispatcher and
-        the runner's lanes), kept until ``retry_failed``."""
-        return self.link.errors + self.runner.errors
-
-    def retry_failed(self) -> int:
-        """Execute every kept failed effect again; returns how many. After fail-stop it
-        raises ``ControllerStopped``: nothing runs any more, and the effects stay kept."""
-        self.failstop.check()
-        return self.link.retry_failed() + self.runner.retry_failed()
-
-    def statistics(self) -> Statistics:
-        latency = {p: tuple(self.ledger.latencies(p)) for p in PATHS}
-        return Statistics(
-            self.ledger.failures,
-            {p: n for p, n in self.ledger.recovered.items() if n},
-            {p: v for p, v in latency.items() if v},
-            self.runner.in_flight,
-            len(self.errors),
-            self.counters.snapshot(),
-            self.rollouts.snapshot(),
-        )
-
-    def bookkeeping(self) -> dict[str, int]:
-        """The size of every structure the runtime keeps per group, path or process (they
-        stay bounded over a long run)."""
-        return {
-            **{f"actors.{k}": v for k, v in self.actors_table.sizes().items()},
-            **{f"safety.{k}": v for k, v in self.counters.sizes().items()},
-            **{f"monitor.{k}": v for k, v in self.monitor.sizes().items()},
-            **{f"runner.{k}": v for k, v in self.runner.sizes().items()},
-            **{f"router.{k}": v for k, v in self.router.sizes().items()},
-        }
-
-    def wait_drained(self, timeout: float) -> bool:
-        """Wait until the controller has nothing outstanding (after ``Shutdown``)."""
-        return self.reporter.wait(lambda: self.controller.drained, timeout)
 
     def close(self, *, drain_timeout_s: float = 60.0) -> bool:
         """Stop in order: monitor, exporter (cancel), Shutdown, drain, link, runner, actors,
@@ -679,8 +411,7 @@ class RecoveryRuntime:
                 self.runner.close(timeout=drain_timeout_s)
         finally:
             left = self.actors_table.close()
-            stopped = self.failstop.error
-            if stopped is not None and isinstance(stopped.first, Fenced):
+            if self.fenced:
                 log.warning("closing a runtime a resume replaced: its %d engines are the new "
                             "run's, left running", len(left))  # fmt: skip
             else:
@@ -713,73 +444,3 @@ class RecoveryRuntime:
             if self.failstop.error is None:
                 self.ledger.add(record)
                 self.router.note(record)
-
-
-def _journal_for(journal: str | Path, takeover: Takeover | None) -> JsonlJournal:
-    """The journal file, written only while this run's epoch owns it: a resume claimed it
-    already; a new run takes epoch 1, on a journal that holds no run (else it would mix two)."""
-    if takeover is not None:
-        return JsonlJournal(journal, owner=takeover.owner, epoch=takeover.epoch)
-    path = Path(journal)
-    if path.is_file() and path.stat().st_size:
-        holder = JournalOwner(path)
-        try:
-            who = holder.holder()
-        finally:
-            holder.close()
-        raise JournalHeld(
-            f"the journal {path} holds a run already"
-            + (f" (held by epoch {who['epoch']}, pid {who.get('pid')} on {who.get('host')})"
-               if who.get("epoch") else "")
-            + ": resume it (RecoveryRuntime.resume), or give this run a journal of its own"
-        )  # fmt: skip
-    owner = JournalOwner(path)
-    try:
-        owner.claim(1, fresh=True)
-    except BaseException:
-        owner.close()
-        raise
-    return JsonlJournal(path, owner=owner, epoch=1)
-
-
-def _config_dict(model_config: Any) -> dict[str, Any]:
-    if isinstance(model_config, Mapping):
-        return dict(model_config)
-    to_dict = getattr(model_config, "to_dict", None)
-    if callable(to_dict):  # a transformers PretrainedConfig
-        out = to_dict()
-        if isinstance(out, Mapping):
-            return dict(out)
-    raise BadRuntimeInput(
-        f"model_config must be a mapping (config.to_dict()) or a transformers config, got "
-        f"{type(model_config).__name__}"
-    )
-
-
-def _answers(
-    calls: Mapping[tuple[str, int], list[Any]], deadline: float
-) -> dict[tuple[str, int], tuple[Any, ...] | str]:
-    """Every process's answers to its calls, or why there are none, waiting until
-    ``deadline`` at most (a dead or hung process costs no more than that)."""
-    every = [r for refs in calls.values() for r in refs]
-    timeout = max(0.0, deadline - time.monotonic())
-    done, _ = ray.wait(every, num_returns=len(every), timeout=timeout) if every else ([], [])
-    finished = set(done)
-    out: dict[tuple[str, int], tuple[Any, ...] | str] = {}
-    for key, refs in calls.items():
-        if not refs:
-            out[key] = "no actors (stopped meanwhile)"
-        elif not all(r in finished for r in refs):
-            out[key] = f"no answer within the push's bound ({timeout:.1f} s)"
-        else:
-            try:
-                out[key] = tuple(ray.get(refs, timeout=0))
-            except Fenced:
-                raise  # an engine serves a newer run: this runtime must stop, not count it
-            except Exception as err:
-                out[key] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-    return out
-
-
-def _cpu_state(model: Any) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu() for k, v in model.state_dict().items()}

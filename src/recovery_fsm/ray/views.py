@@ -1,0 +1,102 @@
+"""What a trainer reads of a running fleet (routes, actors, failed effects, statistics,
+bookkeeping), and the chaos it may cause: the read side of ``RecoveryRuntime``, apart from
+the parts it composes and the calls that change the fleet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import Fenced
+from ..host import ControllerQueries, EffectError, Link
+from ..journal.ledger import PATHS, Ledger
+from .actors import ActorTable, kill
+from .monitor import HealthMonitor
+from .reporter import FailStop, Reporter
+from .rollouts import RolloutClient
+from .router import TrafficRouter
+from .runner import EffectRunner
+from .safety import SafetyCounters
+from .statistics import Statistics
+
+
+class RuntimeViews:
+    """Reads the parts a ``RecoveryRuntime`` composes; holds none of its own."""
+
+    controller: ControllerQueries
+    link: Link
+    runner: EffectRunner
+    router: TrafficRouter
+    actors_table: ActorTable
+    ledger: Ledger
+    counters: SafetyCounters
+    rollouts: RolloutClient
+    monitor: HealthMonitor
+    reporter: Reporter
+    failstop: FailStop
+
+    @property
+    def fenced(self) -> bool:
+        """Whether a resume replaced this runtime: it acts no more, and kills nothing."""
+        stopped = self.failstop.error
+        return stopped is not None and isinstance(stopped.first, Fenced)
+
+    def raise_if_stopped(self) -> None:
+        """Raise ``ControllerStopped`` once the controller broke (for the trainer hooks)."""
+        self.failstop.check()
+
+    @property
+    def routes(self) -> dict[str, tuple[int, int] | None]:
+        """Group -> (incarnation, version) it serves, or None while it does not."""
+        return self.router.routes
+
+    def kill(self, group: str) -> int:
+        """Chaos: kill the group's current process through Ray (as a crash would); returns
+        the incarnation killed."""
+        inc = self.controller.incarnation(group)
+        kill(self.actors_table.of(group, inc))
+        return inc
+
+    def actors(self, group: str, incarnation: int | None = None) -> list[Any]:
+        """The actor handles of a group's process (default: its current incarnation); empty
+        once that process was stopped."""
+        inc = self.controller.incarnation(group) if incarnation is None else incarnation
+        return self.actors_table.of(group, inc)
+
+    @property
+    def errors(self) -> tuple[EffectError, ...]:
+        """Effects whose execution failed, from every executor (the link's dispatcher and
+        the runner's lanes), kept until ``retry_failed``."""
+        return self.link.errors + self.runner.errors
+
+    def retry_failed(self) -> int:
+        """Execute every kept failed effect again; returns how many. After fail-stop it
+        raises ``ControllerStopped``: nothing runs any more, and the effects stay kept."""
+        self.failstop.check()
+        return self.link.retry_failed() + self.runner.retry_failed()
+
+    def statistics(self) -> Statistics:
+        latency = {p: tuple(self.ledger.latencies(p)) for p in PATHS}
+        return Statistics(
+            self.ledger.failures,
+            {p: n for p, n in self.ledger.recovered.items() if n},
+            {p: v for p, v in latency.items() if v},
+            self.runner.in_flight,
+            len(self.errors),
+            self.counters.snapshot(),
+            self.rollouts.snapshot(),
+        )
+
+    def bookkeeping(self) -> dict[str, int]:
+        """The size of every structure the runtime keeps per group, path or process (they
+        stay bounded over a long run)."""
+        return {
+            **{f"actors.{k}": v for k, v in self.actors_table.sizes().items()},
+            **{f"safety.{k}": v for k, v in self.counters.sizes().items()},
+            **{f"monitor.{k}": v for k, v in self.monitor.sizes().items()},
+            **{f"runner.{k}": v for k, v in self.runner.sizes().items()},
+            **{f"router.{k}": v for k, v in self.router.sizes().items()},
+        }
+
+    def wait_drained(self, timeout: float) -> bool:
+        """Wait until the controller has nothing outstanding (after ``Shutdown``)."""
+        return self.reporter.wait(lambda: self.controller.drained, timeout)
