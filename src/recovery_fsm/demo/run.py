@@ -48,7 +48,7 @@ LABELS = {
     "cold": "cold path",
     "free": "no failures",
 }
-WRITTEN = frozenset({"journal.jsonl", "checkpoints", "timeline.png"})  # in a run's directory
+WRITTEN = frozenset({"journal.jsonl", "journal.jsonl.owner", "checkpoints", "timeline.png"})
 _CHECKPOINT = re.compile(r"step-\d+|\.tmp-step-\d+-[0-9a-f]+")
 
 
