@@ -4,6 +4,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +34,18 @@ def serving(rt: Any, group: str) -> bool:
     """``group`` is active and routed: the routing effect runs just after the transition, so
     a test that waits for the state alone can send a request before the router knows."""
     return rt.routes.get(group) is not None and rt.controller.group_state(group) == "active"
+
+
+def short_run(path: Path) -> None:
+    """One short real run, its journal appended to ``path``: a failure and a recovery."""
+    from recovery_fsm.journal import JsonlJournal
+
+    with JsonlJournal(path) as journal:
+        c = RecoveryController(RecoveryConfig(), journal=journal)
+        c.handle(ev.GroupRegistered("g1", 0, at=1.0))
+        c.handle(ev.ExportStarted(0, at=2.0))
+        c.handle(ev.ExportCommitted(0, "/ckpt/step-0", at=3.0))
+        c.handle(ev.GroupFailed("g1", 1, at=4.0))
 
 
 class Driver:

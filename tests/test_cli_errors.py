@@ -10,20 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import short_run
 
-from recovery_fsm import RecoveryConfig, RecoveryController, cli
-from recovery_fsm import events as ev
-from recovery_fsm.journal import JsonlJournal
+from recovery_fsm import cli
 
 
 def record(path: Path) -> list[str]:
     """A short real run's journal, as lines."""
-    with JsonlJournal(path) as journal:
-        c = RecoveryController(RecoveryConfig(), journal=journal)
-        c.handle(ev.GroupRegistered("g1", 0, at=1.0))
-        c.handle(ev.ExportStarted(0, at=2.0))
-        c.handle(ev.ExportCommitted(0, "/ckpt/step-0", at=3.0))
-        c.handle(ev.GroupFailed("g1", 1, at=4.0))
+    short_run(path)
     return path.read_text().splitlines()
 
 

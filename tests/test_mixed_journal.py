@@ -10,28 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import short_run
 
-from recovery_fsm import MalformedEvent, RecoveryConfig, RecoveryController, cli
-from recovery_fsm import events as ev
-from recovery_fsm.journal import JsonlJournal, MixedJournal, mixed_journal, read_journal
+from recovery_fsm import MalformedEvent, cli
+from recovery_fsm.journal import MixedJournal, mixed_journal, read_journal
 from recovery_fsm.journal.ledger import Ledger
 from recovery_fsm.search.replay import rebuild, replay
-
-
-def run_once(path: Path) -> None:
-    """One short real run, its journal appended to ``path``: a failure and a recovery."""
-    with JsonlJournal(path) as journal:
-        c = RecoveryController(RecoveryConfig(), journal=journal)
-        c.handle(ev.GroupRegistered("g1", 0, at=1.0))
-        c.handle(ev.ExportStarted(0, at=2.0))
-        c.handle(ev.ExportCommitted(0, "/ckpt/step-0", at=3.0))
-        c.handle(ev.GroupFailed("g1", 1, at=4.0))
 
 
 @pytest.fixture
 def one_run(tmp_path: Path) -> Path:
     path = tmp_path / "journal.jsonl"
-    run_once(path)
+    short_run(path)
     return path
 
 
@@ -39,8 +29,8 @@ def one_run(tmp_path: Path) -> Path:
 def two_runs(tmp_path: Path) -> Path:
     """Two runs appended to one path, as a second run on the same ``journal=`` leaves it."""
     path = tmp_path / "journal.jsonl"
-    run_once(path)
-    run_once(path)
+    short_run(path)
+    short_run(path)
     return path
 
 
