@@ -376,6 +376,8 @@ class Launcher:
                     log.warning("actor %r in %s is not one this runtime names: left", name, ns)
                     continue
                 silent.setdefault(created, []).append(h)
+        for key in set(found) & set(silent):  # one of its actors did not answer: it is mute
+            silent[key] += found.pop(key)
         return found, silent
 
     def call_all(self, group: str, incarnation: int, call: Callable[[Any], Any]) -> Outcome:
