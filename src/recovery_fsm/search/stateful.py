@@ -100,7 +100,7 @@ MISHAPS = frozenset(
 )
 RESUME = frozenset({"resume"})  # every current process found and answering
 # A resume that finds one process gone, one mute, or a stray beside them.
-RESUME_ANY = RESUME | {"resume_gone", "resume_silent", "resume_stray"}
+FINDINGS = frozenset({"resume_gone", "resume_silent", "resume_stray"})
 UNPIN = frozenset({"unpin"})
 # "sync" here is a sync before the current version was exported at all.
 RARE = frozenset(
@@ -250,12 +250,19 @@ def race_search(
             recovery checkpoint go (superseded, still the source, or still being written)."""
             self._take(data, UNPIN)
 
-        @precondition(lambda self: bool(_enabled(self.sim, RESUME_ANY)))
+        @precondition(lambda self: bool(_enabled(self.sim, RESUME)))
         @rule(data=st.data())
         def trainer_resumes(self, data: st.DataObject) -> None:
             """The trainer crashed and resumed from its checkpoint (of the fleet's version or
             the one before), with whatever the runtime had in flight."""
-            self._take(data, RESUME_ANY)
+            self._take(data, RESUME)
+
+        @precondition(lambda self: bool(_enabled(self.sim, FINDINGS)))
+        @rule(data=st.data())
+        def trainer_resumes_with_losses(self, data: st.DataObject) -> None:
+            """A resume at the fleet's version that finds one process gone, one mute, or a
+            stray beside the rest (a rule of its own: the plain resume keeps its share)."""
+            self._take(data, FINDINGS)
 
         @precondition(
             lambda self: bool(_enabled(self.sim, RESUME) and _enabled(self.sim, FAILURES))
