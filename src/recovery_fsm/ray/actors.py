@@ -12,6 +12,7 @@ run of days does not keep one entry per standby it ever booted.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -210,6 +211,9 @@ COMMANDS = (
 )  # fmt: skip
 
 
+_FENCED = itertools.count(1)  # each fenced class's own name
+
+
 def _fence_lock(engine: Any) -> threading.Lock:
     """The engine's fence lock, made on first use (the class is shipped by value to its
     actor, so it holds no lock of its own): commands and ``fence`` run on two threads."""
@@ -252,8 +256,11 @@ def fenced(engine: type) -> type:
         return self.whoami()  # type: ignore[no-any-return]
 
     body: dict[str, Any] = {name: command(name) for name in COMMANDS if hasattr(engine, name)}
+    # A name of its own: Ray keeps a class's method signatures by its module and qualified
+    # name, so under the engine's own name a fenced class could get the signatures of the
+    # engine made an actor unfenced before (seen in a test), without ``epoch``.
     body |= {"fence": fence, "__recovery_fenced__": True, "__module__": engine.__module__,
-             "__qualname__": engine.__qualname__}  # fmt: skip
+             "__qualname__": f"{engine.__qualname__}.fenced{next(_FENCED)}"}  # fmt: skip
     return type(engine.__name__, (engine,), body)
 
 
