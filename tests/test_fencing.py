@@ -124,3 +124,19 @@ def test_engines_refuse_the_replaced_runtimes_push_and_it_stops_without_killing_
         old.close(drain_timeout_s=5.0)
         if new is not None:
             new.close()
+
+
+def test_a_fenced_command_takes_an_epoch_even_once_its_engine_was_made_an_actor_unfenced() -> None:
+    """``ray.remote`` pins a ``__signature__`` on an engine's methods; the fence must not
+    copy it (the command would then refuse ``epoch=`` before it reached the engine)."""
+    import inspect
+
+    from recovery_fsm.ray import ReferenceEngine
+    from recovery_fsm.ray.actors import fenced
+
+    class Mine(ReferenceEngine):
+        pass
+
+    ray.remote(concurrency_groups={"health": 1, "watch": 1})(Mine)  # type: ignore[call-overload]
+    for name in ("boot_empty", "update_weights", "load_checkpoint", "rollout"):
+        assert "epoch" in inspect.signature(getattr(fenced(Mine), name)).parameters, name

@@ -12,7 +12,6 @@ run of days does not keep one entry per standby it ever booted.
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import threading
 import time
@@ -211,9 +210,6 @@ COMMANDS = (
 )  # fmt: skip
 
 
-_FENCED = itertools.count(1)  # each fenced class's own name
-
-
 def _fence_lock(engine: Any) -> threading.Lock:
     """The engine's fence lock, made on first use (the class is shipped by value to its
     actor, so it holds no lock of its own): commands and ``fence`` run on two threads."""
@@ -245,7 +241,11 @@ def fenced(engine: type) -> type:
                     self._run_epoch = epoch
             return inner(self, *args, **kwargs)
 
-        del call.__wrapped__  # Ray reads the signature: it must show ``epoch``
+        # Ray reads the signature, which must show ``epoch``: not the inner one's, nor the
+        # ``__signature__`` Ray pins on a method once its class was made an actor unfenced
+        # (``wraps`` copies it; seen when a test made an engine an actor by hand first).
+        del call.__wrapped__
+        call.__dict__.pop("__signature__", None)
         return call
 
     @ray.method(concurrency_group="health")
@@ -256,11 +256,8 @@ def fenced(engine: type) -> type:
         return self.whoami()  # type: ignore[no-any-return]
 
     body: dict[str, Any] = {name: command(name) for name in COMMANDS if hasattr(engine, name)}
-    # A name of its own: Ray keeps a class's method signatures by its module and qualified
-    # name, so under the engine's own name a fenced class could get the signatures of the
-    # engine made an actor unfenced before (seen in a test), without ``epoch``.
     body |= {"fence": fence, "__recovery_fenced__": True, "__module__": engine.__module__,
-             "__qualname__": f"{engine.__qualname__}.fenced{next(_FENCED)}"}  # fmt: skip
+             "__qualname__": engine.__qualname__}  # fmt: skip
     return type(engine.__name__, (engine,), body)
 
 
