@@ -229,7 +229,7 @@ def test_bad_resumes_are_refused_and_change_nothing() -> None:
     before = d.c.snapshot()
     with pytest.raises(UnknownVersion, match="only reached 2"):
         d.resume(3)
-    with pytest.raises(EventNotAllowed, match="expects it resuming"):
+    with pytest.raises(EventNotAllowed, match="nobody asked to verify"):
         d.send(ev.GroupVerified, "g0", 1, 2)
     with pytest.raises(WrongIncarnation):
         d.send(ev.GroupVerified, "g0", 5, 2)

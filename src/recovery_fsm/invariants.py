@@ -79,6 +79,8 @@ def violations(rules: Rules) -> list[str]:
             if state in LOADING
             else "relaunch"
             if state in RELAUNCHING
+            else "verify"
+            if state == GroupState.RESUMING
             else None
         )
         if kind is not None and (start is None or start.kind != kind):
@@ -121,8 +123,10 @@ def violations(rules: Rules) -> list[str]:
         if sr.state == StandbyState.READY and sr.version != fleet:
             out.append(f"standby {name!r} is ready on version {sr.version}, fleet is {fleet}")
     for (name, _), start in rules.starts.items():
-        if start.kind in {"boot", "verify"} and name not in rules.standbys:
-            out.append(f"a {start.kind} of {name!r} is in flight for no standby")
+        if start.kind == "boot" and name not in rules.standbys:
+            out.append(f"a boot of {name!r} is in flight for no standby")
+        if start.kind == "verify" and name not in rules.standbys and name not in rules.groups:
+            out.append(f"a verification of {name!r} is in flight for no process")
 
     # At most one export in flight, of the current version.
     exporting = sorted(v for v, ck in cks.items() if ck.record.state == CheckpointState.EXPORTING)

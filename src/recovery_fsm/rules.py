@@ -70,6 +70,12 @@ One line per event (``on_<Event>`` below, in this order):
   (recovery cools; not while resuming, when nobody knows whether the load ran).
 * GroupVerified(g, i, v')   a resuming process answered holding v': its start ends (and its
   lease); it serves if v' is the fleet's version, else it catches up like any stale process.
+  Only a verification the rules asked for (its ``verify`` start) is answered; the answer of
+  one killed at its deadline ends that start only.
+
+Every outcome report answers a start of its own kind (a load's, a claim's, a relaunch's, a
+verification's, a standby's boot, load or verification of that version); any other is refused
+and changes nothing, so a stray report never ends a start still running or frees its lease.
 * RestartLoaded(g, i)       its load finished: the lease is released (which may reap C); it
   serves if it loaded the fleet's version, else it catches up from C(v) if that is ready
   (``LoadCheckpoint``, same process) or waits for the next sync.
@@ -185,6 +191,20 @@ _PINNABLE = frozenset(
 )
 # A pinned checkpoint not yet deletable: a stale export is kept running only while pinned.
 _UNPINNABLE = _PINNABLE | {CheckpointState.ABANDONED}
+# A group's start, by kind: the states its group is in while it waits on it, and the reports
+# that end it (besides a death). A report of another kind answers nothing and is refused.
+_WAITS_IN = {
+    "load": LOADING,
+    "claim": LOADING,
+    "relaunch": RELAUNCHING,
+    "verify": frozenset({GroupState.RESUMING}),
+}
+_OUTCOMES: dict[str, tuple[type[ev.Event], ...]] = {
+    "load": ev.LOAD_OUTCOMES,
+    "claim": ev.LOAD_OUTCOMES,
+    "relaunch": ev.RELAUNCH_OUTCOMES,
+    "verify": (ev.GroupVerified,),
+}
 
 
 @attrs.frozen
@@ -477,11 +497,7 @@ class Rules:
         process was stopped by the resume's first effects, or was gone already."""
         for (name, incarnation), start in list(self.starts.items()):
             g = self.groups.get(name)
-            if g is None or (
-                incarnation == g.record.incarnation and g.record.state == GroupState.RESUMING
-            ):
-                continue  # still to answer an earlier resume's verification
-            if self._orphaned(g, incarnation, start):
+            if g is not None and self._orphaned(g, incarnation, start):
                 self._end_start(g, incarnation)
 
     def _current_processes(self) -> dict[str, GroupSlot | StandbySlot]:
@@ -539,7 +555,10 @@ class Rules:
         if r.state != GroupState.RESUMING:
             self._fire_group(slot, GroupEvent.RESUME)
         r.version, r.since = None, self.now
-        if answered:
+        if answered:  # the answer, not the dead runtime's outcome, ends what it ran
+            start = self.starts.get((r.name, r.incarnation))
+            lease = None if start is None else start.lease
+            self.starts[(r.name, r.incarnation)] = Start("verify", lease)
             self._emit(fx.VerifyGroup(r.name, r.incarnation))
 
     def _resume_lost(self, slot: GroupSlot | StandbySlot, silent: bool) -> None:
@@ -687,23 +706,24 @@ class Rules:
         self._fail(g)
 
     def check_GroupVerified(self, e: ev.GroupVerified) -> GroupSlot | Orphan:
+        """Only an answer to a ``VerifyGroup`` the rules asked (its ``verify`` start): one
+        nobody asked for would end a start still running, and free its lease."""
         g = self._require_group(e.group)
         r = g.record
+        if e.incarnation > r.incarnation:
+            raise WrongIncarnation(
+                f"GroupVerified for incarnation {e.incarnation} of group {e.group!r}, which "
+                f"was never started (current: {r.incarnation})"
+            )
+        start = self.starts.get((e.group, e.incarnation))
+        if start is None or start.kind != "verify":
+            raise EventNotAllowed(
+                f"GroupVerified for incarnation {e.incarnation} of group {e.group!r}, which "
+                f"nobody asked to verify (the group is {r.state}, incarnation {r.incarnation})"
+            )
         if e.incarnation == r.incarnation and r.state == GroupState.RESUMING:
             return g
-        start = self.starts.get((e.group, e.incarnation))
-        if start is not None and (
-            e.incarnation != r.incarnation or r.state != GroupState.RESUMING
-        ):
-            return Orphan(g, e.incarnation)  # killed at its deadline: the answer ends its start
-        if e.incarnation != r.incarnation:
-            raise WrongIncarnation(
-                f"GroupVerified for incarnation {e.incarnation} of group {e.group!r}, whose "
-                f"current incarnation is {r.incarnation} ({r.state})"
-            )
-        raise EventNotAllowed(
-            f"GroupVerified for group {e.group!r} expects it resuming, but it is {r.state}"
-        )
+        return Orphan(g, e.incarnation)  # killed at its deadline: the answer ends its start
 
     def on_GroupVerified(self, e: ev.GroupVerified, found: GroupSlot | Orphan) -> None:
         g = self._settle(found)
@@ -820,9 +840,7 @@ class Rules:
     def check_StandbyVerified(self, e: ev.StandbyVerified) -> StandbySlot | StandbyOrphan:
         return self._standby(e, frozenset({StandbyState.RESUMING}), "verify")
 
-    def on_StandbyVerified(
-        self, e: ev.StandbyVerified, found: StandbySlot | StandbyOrphan
-    ) -> None:
+    def on_StandbyVerified(self, e: ev.StandbyVerified, found: StandbySlot | StandbyOrphan) -> None:
         sb = self._settle_standby(found)
         if sb is None:
             return
@@ -1169,13 +1187,12 @@ class Rules:
         if e.incarnation == r.incarnation and r.state in states:
             return g
         start = self.starts.get((e.group, e.incarnation))
-        if start is not None and self._orphaned(g, e.incarnation, start):
-            ends = (
-                ev.GroupFailed,
-                *(ev.RELAUNCH_OUTCOMES if start.kind == "relaunch" else ev.LOAD_OUTCOMES),
-            )
-            if isinstance(e, ends):
-                return Orphan(g, e.incarnation)
+        if (
+            start is not None
+            and self._orphaned(g, e.incarnation, start)
+            and isinstance(e, (ev.GroupFailed, *_OUTCOMES[start.kind]))
+        ):
+            return Orphan(g, e.incarnation)
         if e.incarnation != r.incarnation:
             raise WrongIncarnation(
                 f"{e.kind} for incarnation {e.incarnation} of group {e.group!r}, whose "
@@ -1196,7 +1213,7 @@ class Rules:
     @staticmethod
     def _orphaned(g: GroupSlot, incarnation: int, start: Start) -> bool:
         """A start the group no longer waits on: killed at a deadline, or stopped."""
-        waiting = RELAUNCHING if start.kind == "relaunch" else LOADING
+        waiting = _WAITS_IN[start.kind]
         return incarnation != g.record.incarnation or g.record.state not in waiting
 
     def _standby_number(self, name: str) -> int | None:

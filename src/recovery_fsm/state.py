@@ -41,7 +41,8 @@ class Lease:
 class Start:
     """A start of a group's (or a standby's) process whose outcome has not been reported."""
 
-    # "load" | "claim" | "relaunch" (a group's); "boot" | "load" | "verify" (a standby's)
+    # "load" | "claim" | "relaunch" | "verify" (a group's); "boot" | "load" | "verify" (a
+    # standby's). Only the reports of its kind end it (and a death).
     kind: str
     lease: Lease | None  # a load's lease on its checkpoint
     # A claim without a load: the version the standby held when it was claimed.

@@ -109,9 +109,11 @@ def test_hypothesis_finds_the_broken_controller_on_every_seed(name: str, number:
 # Hypothesis proves that one, on every seed; test_search_checks replays its shortest trace.
 # The resume variants below need two resumes or a sync and a deadline after one: beyond the
 # explorer's scope of one resume; Hypothesis finds them on every seed. A resume at a stale
-# epoch is a refusal, and the explorer sends none (the search's misuse rule finds it).
+# epoch is a refusal, and so is an unasked report: the explorer sends none (the search's
+# wrong-event rule finds them).
 BEYOND_THE_EXPLORER = {
     "stale-epoch-resume-accepted",
+    "unasked-verification-accepted",
     "miss-keeps-streak",
     "revive-the-abandoned-future",
     "wait-after-resume",

@@ -71,6 +71,22 @@ def test_an_accepted_duplicate_is_a_finding_and_a_refused_one_is_not() -> None:
     assert found and "which it must refuse" in found[0]
 
 
+def test_misdirected_and_unasked_reports_are_refused_and_caught_when_accepted() -> None:
+    """g0 restarts from C(0): its load owes a report. A verification answer sent to it is
+    misdirected; a report about g1, which owes none, is unasked."""
+    steps = ["export", "commit(0)", "fail(g0)"]
+    real = Sim()
+    assert _walk(real, steps) == []
+    for misdirected in (True, False):
+        assert all(real.wrong_report(i, misdirected=misdirected) == [] for i in range(40))
+    assert "wrong(GroupVerified)" in real.trace and "wrong(StandbyLoaded)" in real.trace
+    lax = Sim(rules=load("unasked-verification-accepted"))
+    assert _walk(lax, steps) == []
+    found = [f for i in range(40) for f in lax.wrong_report(i, misdirected=True)]
+    assert any("GroupVerified" in f and "which it must refuse" in f for f in found)
+    assert any("answered a verification nobody asked for" in f for f in found)
+
+
 class SyncsAfterShutdown(Rules):
     def _require_open(self, e: ev.Event) -> None:
         pass  # forgets that Shutdown closed it
@@ -203,8 +219,21 @@ def test_a_version_exported_again_after_a_resume_owes_its_own_delete_not_a_dupli
     # and its sync to 2 asks that C(1)'s delete: CheckpointDeleted(1) is owed, not repeated.
     # (A fresh clone's random search took it for an accepted duplicate.)
     sim = Sim(scope=attrs.evolve(small_resume(), resumes=2))
-    steps = ["export", "commit(0)", "sync", "export", "commit(1)", "resume(0)", "deleted(1)",
-             "verified(g0)", "standby_verified(standby-1)", "sync", "export", "commit(1)", "sync"]
+    steps = [
+        "export",
+        "commit(0)",
+        "sync",
+        "export",
+        "commit(1)",
+        "resume(0)",
+        "deleted(1)",
+        "verified(g0)",
+        "standby_verified(standby-1)",
+        "sync",
+        "export",
+        "commit(1)",
+        "sync",
+    ]
     assert _walk(sim, steps) == []
     assert not [d for d in sim.delivered if isinstance(d, ev.CheckpointDeleted)]
     assert all(sim.fork().duplicate(i) == [] for i in range(len(sim.delivered)))

@@ -528,8 +528,8 @@ RESUME_VARIANTS = (
         "checkpoints lose their leases while those processes still read them.",
         (
             (
-                f"{IN * 3}if self._orphaned(g, incarnation, start):\n",
-                f"{IN * 3}if True:\n",
+                f"{IN * 3}if g is not None and self._orphaned(g, incarnation, start):\n",
+                f"{IN * 3}if g is not None:\n",
             ),
         ),
         scope="resume",
@@ -618,8 +618,11 @@ RESUME_VARIANTS += (
         "of a process killed at its deadline is refused and its lease never ends.",
         (
             (
-                f"{IN * 3}e.incarnation != r.incarnation or r.state != GroupState.RESUMING\n",
-                f"{IN * 3}e.incarnation != r.incarnation or r.state in GROUP_FINAL\n",
+                f"{IN * 2}return Orphan(g, e.incarnation)  # killed at its deadline: the answer "
+                "ends its start\n",
+                f"{IN * 2}if r.state not in GROUP_FINAL:\n"
+                f'{IN * 3}raise EventNotAllowed("a verification answer refused")\n'
+                f"{IN * 2}return Orphan(g, e.incarnation)\n",
             ),
         ),
         scope="resume",
@@ -647,7 +650,7 @@ RESUME_VARIANTS += (
         "goes on reading a checkpoint the rules let be deleted, and holds its cores.",
         (
             (
-                f'{IN * 3}self._emit(fx.StopFound(name, int(number), "nobody\'s process at the '
+                f"{IN * 3}self._emit(fx.StopFound(name, int(number), \"nobody's process at the "
                 'resume"))\n',
                 f"{IN * 3}pass\n",
             ),
@@ -659,8 +662,10 @@ RESUME_VARIANTS += (
         "Asks every current process what it holds, also one the resume did not find: the "
         "group waits for an answer that never comes instead of recovering at once.",
         (
-            (f"{IN * 3}self._resume_process(slot, pid in answered)\n",
-             f"{IN * 3}self._resume_process(slot, True)\n"),
+            (
+                f"{IN * 3}self._resume_process(slot, pid in answered)\n",
+                f"{IN * 3}self._resume_process(slot, True)\n",
+            ),
             (f"{IN * 3}if pid not in answered:\n", f"{IN * 3}if False:\n"),
         ),
         scope="resume",
@@ -709,6 +714,23 @@ UNPIN_VARIANTS = (
     ),
 )
 VARIANTS = VARIANTS + UNPIN_VARIANTS
+
+# A runtime's reports taken on trust (the search sends misdirected and unasked ones).
+REPORT_VARIANTS = (
+    Variant(
+        "unasked-verification-accepted",
+        "Takes a verification answer for any start in flight, asked or not: a stray answer "
+        "ends a restart still loading and frees its lease, so its checkpoint can be deleted "
+        "under the load.",
+        (
+            (
+                f'{IN * 2}if start is None or start.kind != "verify":\n',
+                f"{IN * 2}if start is None:\n",
+            ),
+        ),
+    ),
+)
+VARIANTS = VARIANTS + REPORT_VARIANTS
 
 BY_NAME = {v.name: v for v in VARIANTS + HOSTING_VARIANTS}
 

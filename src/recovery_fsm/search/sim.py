@@ -53,6 +53,33 @@ _DUPLICABLE = (
 )
 
 
+# The scheduler's moves that report the outcome of something the controller asked for.
+_ANSWERS = frozenset({
+    "commit", "export_fails", "export_cancelled", "deleted", "standby_booted", "standby_loaded",
+    "standby_verified", "loaded", "load_fails", "relaunched", "relaunch_fails", "verified",
+    "late_verified",
+})  # fmt: skip
+_OF_A_STANDBY = frozenset({"StandbyBooted", "StandbyLoaded", "StandbyVerified"})
+
+
+def _about(e: ev.Event) -> tuple[object, ...]:
+    """What a report answers: its kind and the process (and version) it is about. A
+    verification's answer may name any version: that is what the process holds."""
+    if isinstance(e, ev.StandbyLoaded):
+        return (e.kind, e.standby, e.version)
+    if isinstance(e, (ev.StandbyBooted, ev.StandbyVerified)):
+        return (e.kind, e.standby)
+    if isinstance(e, _OF_A_CHECKPOINT):
+        return (e.kind, e.version)
+    assert isinstance(e, (*ev.LOAD_OUTCOMES, *ev.RELAUNCH_OUTCOMES, ev.GroupVerified))
+    return (e.kind, e.group, e.incarnation)
+
+
+def _target(e: ev.Event) -> tuple[object, ...]:
+    key = _about(e)
+    return key[1:2] if key[0] in _OF_A_STANDBY else key[1:]
+
+
 def small_config(**changes: Any) -> RecoveryConfig:
     """Small numbers, so budgets, cooldowns and deadlines are reached in a few steps; the
     deadlines differ so that each can be hit alone."""
@@ -262,10 +289,8 @@ class Sim:
                 if not w.loads[(g, i)].resumed:  # else its answer reports it
                     kinds = ("standby_loaded", "standby_load_fails")
                     out += [Action(SCHEDULER, k, g) for k in kinds]
-            elif not w.loads[(g, i)].resumed:
+            elif not w.loads[(g, i)].resumed:  # else its answer reports it
                 out += [Action(SCHEDULER, k, f"{g}#{i}") for k in ("loaded", "load_fails")]
-            elif w.procs[g].incarnation != i or not w.procs[g].verifying:
-                out.append(Action(SCHEDULER, "late_verified", f"{g}#{i}"))  # killed since
         for g, p in sorted(w.procs.items()):
             if p.verifying:
                 answers = w.answer(g) != "gone"
@@ -279,10 +304,14 @@ class Sim:
         for g, i in sorted(w.relaunches):
             if not w.procs[g].verifying:
                 out += [Action(SCHEDULER, k, f"{g}#{i}") for k in ("relaunched", "relaunch_fails")]
-        for g, i in sorted({k for k in w.loads if k[0] not in w.spares} | w.relaunches):
+        killed = {k for k in w.verifies if not w.answers_now(*k)}  # killed since the resume
+        out += [Action(SCHEDULER, "late_verified", f"{g}#{i}") for g, i in sorted(killed)]
+        ran = {k for k, load in w.loads.items() if k[0] not in w.spares and not load.resumed}
+        for g, i in sorted(ran | w.relaunches):
             p = w.procs[g]
             if p.incarnation != i or p.status not in {"loading", "relaunching"}:
-                out.append(Action(SCHEDULER, "killed_dies", f"{g}#{i}"))
+                killed.add((g, i))
+        out += [Action(SCHEDULER, "killed_dies", f"{g}#{i}") for g, i in sorted(killed)]
         out += [Action(SCHEDULER, "deleted", v) for v in sorted(set(w.deleting.values()))]
         return out
 
@@ -403,7 +432,8 @@ class Sim:
             if k == "killed_dies":
                 return ev.GroupFailed(g, i, reason="killed", at=now)
             if k == "late_verified":
-                return ev.GroupVerified(g, i, w.loads[(g, i)].version, at=now)
+                load = w.loads.get((g, i))
+                return ev.GroupVerified(g, i, None if load is None else load.version, at=now)
         if isinstance(t, str):
             i = w.procs[t].incarnation
             if k == "verified":
@@ -521,6 +551,44 @@ class Sim:
         earlier: Any = self.delivered[index % len(self.delivered)]
         return self._refused(attrs.evolve(earlier, at=self.now))
 
+    def wrong_report(self, index: int, *, misdirected: bool) -> list[str]:
+        """Report an outcome nobody waits for, as a misbehaving runtime would: refused, and
+        nothing changes. ``misdirected``: about a process (or checkpoint) that does owe a
+        report, but of another kind, incarnation or version; else about one that owes none."""
+        owed = {_about(self.event_for(a)) for a in self.actions() if a.kind in _ANSWERS}
+        targets = {key[1:2] if key[0] in _OF_A_STANDBY else key[1:] for key in owed}
+        wrong = [e for e in self._reports() if _about(e) not in owed]
+        chosen = [e for e in wrong if (_target(e) in targets) == misdirected]
+        if not chosen:
+            return []
+        return self._refused(chosen[index % len(chosen)])
+
+    def _reports(self) -> list[ev.Event]:
+        """Every outcome report a runtime could send about the processes, incarnations,
+        standbys and versions near the world's."""
+        w, now = self.world, self.now
+        out: list[ev.Event] = []
+        for g, p in sorted(w.procs.items()):
+            for i in range(max(1, p.incarnation - 1), p.incarnation + 2):
+                out += [
+                    ev.RestartLoaded(g, i, at=now),
+                    ev.RestartLoadFailed(g, i, error="unasked", at=now),
+                    ev.Relaunched(g, i, at=now),
+                    ev.RelaunchFailed(g, i, error="unasked", at=now),
+                    ev.GroupVerified(g, i, w.fleet, at=now),
+                ]
+        for n in [*sorted(w.spares), f"standby-{len(w.spares) + 1}"]:
+            out += [ev.StandbyBooted(n, at=now), ev.StandbyVerified(n, w.fleet, at=now)]
+            out += [ev.StandbyLoaded(n, v, at=now) for v in range(max(0, w.fleet - 1), w.fleet + 2)]
+        for v in range(max(0, w.fleet - 1), w.fleet + 2):
+            out += [
+                ev.ExportCommitted(v, checkpoint_path(v), at=now),
+                ev.ExportFailed(v, "unasked", at=now),
+                ev.ExportCancelled(v, at=now),
+                ev.CheckpointDeleted(v, at=now),
+            ]
+        return out
+
     def _refused(self, event: ev.Event) -> list[str]:
         self.trace.append(f"wrong({event.kind})")
         before = self.controller.snapshot()
@@ -600,11 +668,14 @@ class Sim:
             if spare.verifying:
                 gone = w.spare_answer(n) == "gone"
                 return Action(SCHEDULER, "standby_verify_fails" if gone else "standby_verified", n)
+        for g, i in sorted(w.verifies):
+            if not w.answers_now(g, i):  # its process was killed since the resume
+                return Action(SCHEDULER, "late_verified", f"{g}#{i}")
         for g, i in sorted(w.loads):
             if g in w.spares:
                 return Action(SCHEDULER, "standby_loaded", g)
-            late = w.loads[(g, i)].resumed  # its process was killed since the resume
-            return Action(SCHEDULER, "late_verified" if late else "loaded", f"{g}#{i}")
+            if not w.loads[(g, i)].resumed:
+                return Action(SCHEDULER, "loaded", f"{g}#{i}")
         for g, i in sorted(w.relaunches):
             return Action(SCHEDULER, "relaunched", f"{g}#{i}")
         if w.exports:

@@ -325,15 +325,19 @@ def race_search(
             """Pins, probes, a sync that leaves a group out, shutdown."""
             self._take(data, RARE)
 
-        @rule(index=st.integers(0, 127))
+        @rule(index=st.integers(0, 511))
         def wrong_event(self, index: int) -> None:
-            """A completion delivered again, late, or something the trainer must not send:
-            refused, nothing changes. One rule for both, so that refusals, always possible,
-            do not crowd out the moves of a race."""
-            if index % 2 and self.sim.delivered:
-                self._check(self.sim.duplicate(index // 2))
+            """A completion delivered again, a report nobody asked for (or sent to another
+            process), or something the trainer must not send: refused, nothing changes. One
+            rule for all, so that refusals, always possible, do not crowd out the moves of a
+            race."""
+            kind, n = index % 4, index // 4
+            if kind == 1 and self.sim.delivered:
+                self._check(self.sim.duplicate(n))
+            elif kind in {2, 3}:
+                self._check(self.sim.wrong_report(n, misdirected=kind == 2))
             else:
-                self._check(self.sim.misuse(index // 2))
+                self._check(self.sim.misuse(n))
 
         @precondition(lambda self: bool(_deadlines(self.sim)))
         @rule(data=st.data())

@@ -95,6 +95,9 @@ class World:
     procs: dict[str, Proc] = attrs.Factory(dict)
     loads: dict[tuple[str, int], Load] = attrs.Factory(dict)  # loaders still running
     relaunches: set[tuple[str, int]] = attrs.Factory(set)  # cold starts still running
+    # Verifications asked since the last resume and not answered (kept after a kill: the
+    # answer, or the death of what it asked, ends it). Only these may be answered.
+    verifies: set[tuple[str, int]] = attrs.Factory(set)
     routed: dict[str, int] = attrs.Factory(dict)  # group -> incarnation the router uses
     recovery: dict[str, Recovery] = attrs.Factory(dict)
     exports: dict[int, Export] = attrs.Factory(dict)  # in flight
@@ -209,6 +212,7 @@ class World:
         """That process is gone, and with it whatever it was reading."""
         load = self.loads.pop((group, incarnation), None)
         self.relaunches.discard((group, incarnation))
+        self.verifies.discard((group, incarnation))
         p = self.procs[group]
         reading = load is not None and load.path is not None
         current = p.incarnation == incarnation
@@ -272,13 +276,12 @@ class World:
                 load.resumed = True
             else:
                 del self.loads[(g, i)]  # killed before the event
-        self.relaunches = {
-            (g, i) for g, i in self.relaunches
-            if self.procs[g].incarnation == i and self.procs[g].status == "relaunching"
-        }  # fmt: skip
+        # A cold start's outcome died with the runtime that ran it: the answer reports it.
+        self.relaunches.clear()
         for p in self.procs.values():
             if p.status in {"up", "loading", "relaunching"}:
                 p.verifying, p.since = True, e.at
+        self.verifies = {(g, p.incarnation) for g, p in self.procs.items() if p.verifying}
         for pid in gone:  # gone, or stopped for its silence: it answers nothing
             owner, _, number = pid.rpartition("#")
             if owner in self.spares:
@@ -287,6 +290,11 @@ class World:
                 self.spares[owner].verifying = False
             else:
                 self._dies(owner, int(number))
+
+    def answers_now(self, group: str, incarnation: int) -> bool:
+        """That verification is the group's current one's (not one killed since)."""
+        p = self.procs[group]
+        return p.incarnation == incarnation and p.verifying
 
     def answer(self, group: str) -> int | str | None:
         """What a verifying process would answer: the weights it holds once what it was
@@ -320,6 +328,10 @@ class World:
 
     def _verified(self, e: ev.GroupVerified, out: list[str]) -> None:
         p = self.procs[e.group]
+        if (e.group, e.incarnation) not in self.verifies:
+            out.append(f"{e.group}#{e.incarnation} answered a verification nobody asked for")
+            return
+        self.verifies.discard((e.group, e.incarnation))
         if p.incarnation != e.incarnation or not p.verifying:
             self.loads.pop((e.group, e.incarnation), None)  # killed at its deadline since
             self.relaunches.discard((e.group, e.incarnation))
@@ -834,7 +846,7 @@ class World:
     @property
     def quiescent(self) -> bool:
         """Nothing outstanding in the real world: no write, load, relaunch or delete."""
-        answers = any(s.verifying for s in self.spares.values())
+        answers = self.verifies or any(s.verifying for s in self.spares.values())
         return not (
             self.exports or self.deleting or self.loads or self.relaunches or self.boots or answers
         )
