@@ -591,3 +591,135 @@ def test_an_event_changed_behind_its_frozen_fields_is_refused_and_changes_nothin
     with pytest.raises(MalformedEvent, match="incarnation must be an int"):
         driver.c.handle(event)
     assert driver.c.snapshot() == before and driver.c.broken is None
+
+
+# -- every route an event can be altered by after it was built -------------------------------
+
+
+class _Sneaky(str):
+    """A name that compares equal to the real one at the check and to another later."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = str.__hash__
+
+
+class _Tampered:
+    """Pickles as ``event`` with some of its state replaced: a payload altered in transit."""
+
+    def __init__(self, event: ev.Event, **state: object) -> None:
+        self.event, self.state = event, state
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        cls = type(self.event)
+        state = {**self.event.__getstate__(), **self.state}  # what attrs' __setstate__ takes
+        return (cls.__new__, (cls,), state)
+
+
+def _sync(driver: Driver) -> ev.WeightsSynced:
+    return ev.WeightsSynced(2, driver.c.up_groups(), at=T)
+
+
+def _resumed(driver: Driver) -> ev.Resumed:
+    found = [f"{g}#{driver.inc(g)}" for g in ("g1", "g2")]
+    return ev.Resumed(1, epoch=2, found=found, silent=[], at=T)
+
+
+def _setattr(event: ev.Event, field: str, value: object) -> ev.Event:
+    object.__setattr__(event, field, value)
+    return event
+
+
+def _write_into(event: ev.Event, field: str, value: object) -> ev.Event:
+    """A write into the container itself, past its read-only methods."""
+    held = getattr(event, field)
+    key, incarnation = value  # type: ignore[misc]
+    dict.__setitem__(held, key, incarnation)
+    return event
+
+
+def _unpickled(event: ev.Event, field: str, value: object) -> ev.Event:
+    altered: ev.Event = pickle.loads(pickle.dumps(_Tampered(event, **{field: value})))
+    return altered
+
+
+def _deep_copied(event: ev.Event, field: str, value: object) -> ev.Event:
+    """A copy of an altered event (a deep copy is how a replay forks) is refused too."""
+    copied: ev.Event = copy.deepcopy(_unpickled(event, field, value))
+    return copied
+
+
+ROUTES = {
+    "setattr": _setattr,
+    "unpickled": _unpickled,
+    "deep-copied": _deep_copied,
+}
+# (event, field, what is put there, the refusal's words): containers and their contents.
+ALTERATIONS = [
+    (_sync, "groups", {"g1": 1, "g2": 0}, "incarnation"),  # a plain dict, a bad item
+    (_sync, "groups", {"g1": 1, "g2": 1}, "Incarnations mapping"),  # a plain dict, good items
+    (_sync, "groups", ["g1", "g2"], "must map each group name"),
+    (_resumed, "found", ["g1#1", "g2#1"], "tuple of process names"),  # a list
+    (_resumed, "found", ("g1#1", "g1#1", "g2#1"), "listed twice"),
+    (_resumed, "found", ("g2#1", "g1#1"), "changed after"),  # unsorted
+    (_resumed, "found", ("g1#x",), "<name>#<incarnation>"),
+    (_resumed, "found", (_Sneaky("g1#1"), "g2#1"), "tuple of process names"),
+    (_resumed, "silent", ("g1#1",), "found and as silent"),
+    (_resumed, "silent", "g1#1", "tuple of process names"),
+]
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize(
+    ("make", "field", "value", "words"),
+    ALTERATIONS,
+    ids=[f"{m.__name__.strip('_')}.{f}-{i}" for i, (m, f, _v, _w) in enumerate(ALTERATIONS)],
+)
+def test_a_container_altered_after_the_event_was_built_is_refused_and_changes_nothing(
+    driver: Driver,
+    journal: list[dict[str, Any]],
+    route: str,
+    make: Callable[[Driver], ev.Event],
+    field: str,
+    value: object,
+    words: str,
+) -> None:
+    """The admission check reads every field again, containers' contents included, whichever
+    way the event was altered: nothing moves, and the journal holds the refusal only."""
+    event = ROUTES[route](make(driver), field, value)
+    before, seen = driver.c.snapshot(), len(journal)
+    with pytest.raises(MalformedEvent, match=words):
+        driver.c.handle(event)
+    assert driver.c.snapshot() == before and driver.c.broken is None
+    (record,) = journal[seen:]
+    assert record["error"]["type"] == "MalformedEvent" and not record.get("effects")
+
+
+@pytest.mark.parametrize(
+    ("key", "incarnation", "words"),
+    [("g2", 0, "incarnation"), ("g0", 1, "changed after"), ("g2", 7, "never started")],
+)
+def test_a_sync_whose_groups_were_written_into_is_refused_and_changes_nothing(
+    driver: Driver, key: str, incarnation: int, words: str
+) -> None:
+    """``dict.__setitem__`` writes past the read-only mapping: a bad incarnation, or a new
+    key out of order, is refused at admission; a good-looking one still meets the rules."""
+    event = _write_into(_sync(driver), "groups", (key, incarnation))
+    before = driver.c.snapshot()
+    with pytest.raises(RecoveryError, match=words):
+        driver.c.handle(event)
+    assert driver.c.snapshot() == before and driver.c.broken is None
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_a_scalar_swapped_for_a_subclass_after_the_event_was_built_is_refused(
+    driver: Driver, route: str
+) -> None:
+    """A ``str`` subclass whose equality changes later, put in after the checks of
+    construction: refused at admission as not the plain value the field takes."""
+    event = ROUTES[route](ev.GroupFailed("g1", driver.inc("g1"), at=T), "group", _Sneaky("g1"))
+    before = driver.c.snapshot()
+    with pytest.raises(MalformedEvent, match="must hold a plain str"):
+        driver.c.handle(event)
+    assert driver.c.snapshot() == before and driver.c.broken is None

@@ -196,9 +196,9 @@ class RecoveryController:
                 f"expected one of the recovery_fsm events, got {type(event).__name__}: "
                 f"{event!r:.80}"
             )
-        # Checked again here: an event changed behind its frozen fields' back (with
-        # object.__setattr__, or unpickled from a tampered payload) must not reach a rule.
-        attrs.validate(event)
+        # Checked again here, every field and what containers hold: an event changed
+        # behind its frozen fields' back must not reach a rule (``events.admit``).
+        ev.admit(event)
         at: float = event.at
         if self._now is not None and at < self._now:
             raise MalformedEvent(

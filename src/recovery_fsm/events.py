@@ -33,22 +33,9 @@ class Incarnations(dict[str, int]):
     def __new__(cls, value: Mapping[str, int]) -> Incarnations:
         """A mapping group -> incarnation; a set of names cannot say which process got the
         weights, so it is refused rather than guessed."""
-        if not isinstance(value, Mapping):
-            raise MalformedEvent(
-                f"groups must map each group name to the incarnation that received the "
-                f"weights, got {value!r}"
-            )
-        items: dict[str, int] = {}
-        for name, incarnation in value.items():
-            if not isinstance(name, str) or not name or name != name.strip():
-                raise MalformedEvent(f"groups must be keyed by group names, got {name!r}")
-            if type(incarnation) is not int or incarnation < 1:
-                raise MalformedEvent(
-                    f"groups[{name!r}] must be an incarnation (int >= 1), got {incarnation!r}"
-                )
-            items[str.__str__(name)] = incarnation
+        items = _incarnation_items(value)
         self = super().__new__(cls)
-        dict.update(self, sorted(items.items()))  # the only write, before anyone holds it
+        dict.update(self, items)  # the only write, before anyone holds it
         return self
 
     def __init__(self, value: Mapping[str, int]) -> None:
@@ -76,8 +63,37 @@ class Incarnations(dict[str, int]):
         return self  # nothing in it can change
 
 
+def _incarnation_items(value: Any) -> list[tuple[str, int]]:
+    """The items of a sync's groups, checked, as plain values sorted by name."""
+    if not isinstance(value, Mapping):
+        raise MalformedEvent(
+            f"groups must map each group name to the incarnation that received the "
+            f"weights, got {value!r:.80}"
+        )
+    items: dict[str, int] = {}
+    for name, incarnation in dict.items(value) if isinstance(value, dict) else value.items():
+        if not isinstance(name, str) or not name or name != name.strip():
+            raise MalformedEvent(f"groups must be keyed by group names, got {name!r}")
+        if type(incarnation) is not int or incarnation < 1:
+            raise MalformedEvent(
+                f"groups[{name!r}] must be an incarnation (int >= 1), got {incarnation!r}"
+            )
+        items[str.__str__(name)] = incarnation
+    return sorted(items.items())
+
+
 def _to_incarnations(value: Mapping[str, int]) -> Incarnations:
     return value if type(value) is Incarnations else Incarnations(value)
+
+
+def _incarnations(_inst: Any, _attr: attrs.Attribute[Any], value: Any) -> None:
+    """Checked again at admission: an ``Incarnations`` written to behind its back (with
+    ``dict.__setitem__``) or a plain mapping put in its place is refused."""
+    items = _incarnation_items(value)  # first: it names a bad item
+    if type(value) is not Incarnations:
+        raise MalformedEvent(f"groups must be an Incarnations mapping, got {type(value).__name__}")
+    if list(dict.items(value)) != items or any(type(k) is not str for k in dict.keys(value)):
+        raise MalformedEvent(f"groups was changed after the event was built: {dict(value)!r:.80}")
 
 
 @attrs.frozen
@@ -102,7 +118,7 @@ class WeightsSynced(Event):
     process is gone, and its successor never received the weights."""
 
     version: int = attrs.field(validator=valid.version)
-    groups: Mapping[str, int] = attrs.field(converter=_to_incarnations)
+    groups: Mapping[str, int] = attrs.field(converter=_to_incarnations, validator=_incarnations)
     at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
     # What the runtime's admission check held the process to (digest, canary), journaled so
     # that a sample certified by this step can be traced to it; empty: nothing was checked.
@@ -183,6 +199,15 @@ def _to_processes(value: Any) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+def _processes(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    """Checked again at admission: a list, or a tuple of unchecked names, put in place of
+    the sorted tuple of plain names the event was built with, is refused."""
+    if type(value) is not tuple or any(type(p) is not str for p in value):
+        raise MalformedEvent(f"{attr.name} must be a tuple of process names, got {value!r:.80}")
+    if _to_processes(value) != value:
+        raise MalformedEvent(f"{attr.name} was changed after the event was built: {value!r:.80}")
+
+
 @attrs.frozen
 class Resumed(Event):
     """The trainer restarted from its own checkpoint of ``version`` and a new runtime took
@@ -196,11 +221,13 @@ class Resumed(Event):
 
     version: int = attrs.field(validator=valid.version)
     epoch: int = attrs.field(validator=valid.incarnation, kw_only=True)
-    found: tuple[str, ...] = attrs.field(converter=_to_processes, kw_only=True)
-    silent: tuple[str, ...] = attrs.field(converter=_to_processes, kw_only=True)
+    found: tuple[str, ...] = attrs.field(converter=_to_processes, validator=_processes,
+                                         kw_only=True)  # fmt: skip
+    silent: tuple[str, ...] = attrs.field(converter=_to_processes, validator=_processes,
+                                          kw_only=True)  # fmt: skip
     at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
 
-    @found.validator
+    @found.validator  # runs after _processes
     def _apart(self, _attr: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
         if both := sorted(set(value) & set(self.silent)):
             raise MalformedEvent(f"processes {both} are listed as found and as silent")
@@ -391,6 +418,30 @@ EVENT_TYPES: dict[str, type[Event]] = {
 # The outcomes that end a process start (RestartFromCheckpoint or RestartCold).
 LOAD_OUTCOMES = (RestartLoaded, RestartLoadFailed)
 RELAUNCH_OUTCOMES = (Relaunched, RelaunchFailed)
+
+
+def admit(event: Event) -> None:
+    """Check every field of an event again as the controller receives it. Frozen fields
+    stop honest code only: ``object.__setattr__``, a tampered pickle or a write into a
+    container behind its back can change an event after it was built. Each field must
+    still hold what its converter makes of it (the exact plain type) and pass its validator,
+    containers' contents included."""
+    attrs.validate(event)  # first: it names what each field expects
+    for field in attrs.fields(type(event)):
+        value = getattr(event, field.name)
+        if field.converter is None:
+            continue
+        try:
+            again = field.converter(value)
+        except MalformedEvent:
+            raise
+        except Exception as err:
+            raise MalformedEvent(f"{event.kind}.{field.name} holds {value!r:.80}: {err}") from err
+        if type(again) is not type(value) or again != value:
+            raise MalformedEvent(
+                f"{event.kind}.{field.name} must hold a plain {type(again).__name__}, got "
+                f"{type(value).__name__} {value!r:.80} (changed after the event was built?)"
+            )
 
 
 def build(cls: type[Event], fields: Mapping[str, Any], at: float) -> Event:
