@@ -138,6 +138,9 @@ def test_explorer_finds_the_broken_controller_by_depth_8(name: str, tmp_path: Pa
 
 # -- a broken hosting: the real rules, a journal that hides what it lost ----------------------
 
+# Hostings whose records hold something else than what the event did: a replay diverges.
+RECORDS_DIVERGE = {"compact-record-drops-effects"}
+
 
 @pytest.mark.parametrize("number", SEEDS)
 @pytest.mark.parametrize("name", HOSTINGS)
@@ -150,20 +153,24 @@ def test_hypothesis_finds_the_broken_hosting_on_every_seed(
             machine, settings=search_settings(BUDGET.mutant_examples, shrink=False)
         )
     assert any("journal" in v for v in found.value.violations), found.value
-    # The journal the search kept is whole: replayed, it ends on the recorded finding.
     journal = found.value.journal
     assert journal is not None and journal.name == f"race-{load(name).__name__}.jsonl"
     report = replay(journal)
+    if name in RECORDS_DIVERGE:  # a record that holds less than the event did: replay says so
+        assert report.divergences and report.violation_step is None, report
+        return
+    # The journal the search kept is whole: replayed, it ends on the recorded finding.
     assert not report.divergences
     replayed = {v.removeprefix("(recorded by the search) ") for v in report.violations}
     assert replayed and replayed <= set(found.value.violations)
 
 
-# The explorer never sends a refusal (no misuse, no duplicate), so it cannot see that one.
-NO_REFUSALS = {"journals-accepted-only"}
+# The explorer never sends a refusal (no misuse, no duplicate), and its scope with sink
+# failures has no pins, so no unpin cancels an export: it cannot see these two.
+NOT_EXPLORED = {"journals-accepted-only", "compact-record-drops-effects"}
 
 
-@pytest.mark.parametrize("name", sorted(set(HOSTINGS) - NO_REFUSALS))
+@pytest.mark.parametrize("name", sorted(set(HOSTINGS) - NOT_EXPLORED))
 def test_explorer_finds_the_broken_hosting(name: str) -> None:
     result = explore(6, Scope(sink_failures=True), host=load(name))
     assert result.found, f"{name} survived the explorer:\n{result.report()}"

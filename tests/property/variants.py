@@ -332,6 +332,19 @@ VARIANTS: tuple[Variant, ...] = (
 
 HOSTING_VARIANTS: tuple[Variant, ...] = (
     Variant(
+        "compact-record-drops-effects",
+        "Writes the compact record (the one for an event that changed nothing) for every "
+        "event that moved no machine, effects or not: a replay rebuilds a run that never "
+        "cancelled the export it cancelled.",
+        (
+            (
+                f"{IN * 2}elif self._rules.transitions or effects:\n",
+                f"{IN * 2}elif self._rules.transitions:\n",
+            ),
+        ),
+        target="controller",
+    ),
+    Variant(
         "forgets-lost-marker",
         "Counts a record its journal sink failed on, but never marks the next record: the "
         "journal reads as complete, and a replay rebuilds a state that never was.",

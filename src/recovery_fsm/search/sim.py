@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 
 from .. import events as ev
+from ..codec import encode
 from ..config import RecoveryConfig
 from ..controller import RecoveryController
 from ..errors import RecoveryError
@@ -192,13 +193,21 @@ class Sim:
             raise SinkFailure(28, "No space left on device (simulated)")
         self.sink_lost = 0
 
-    def _journaled(self, event: object, records_before: int) -> list[str]:
+    def _journaled(
+        self, event: object, records_before: int, effects: tuple[Any, ...] = ()
+    ) -> list[str]:
         """What was wrong with the journal while ``event`` was handled: exactly one record per
-        event, every sink failure counted, the sink's own findings."""
+        event, holding every effect it asked for (a record of an event that changed nothing
+        holds none), every sink failure counted, the sink's own findings."""
         out, self.sink_problems = self.sink_problems, []
         written = len(self.records) - records_before
         if written != 1:
             out.append(f"{event!r} left {written} journal records, not one")
+        elif self.records[-1].get("effects", []) != [encode(f) for f in effects]:
+            out.append(
+                f"the journal's record of {event!r} holds effects "
+                f"{self.records[-1].get('effects', [])}, but the event asked for {list(effects)}"
+            )
         failures = self.controller.journal_failures
         if failures != self.sink_failures:
             out.append(
@@ -515,7 +524,7 @@ class Sim:
                 d for d in self.delivered
                 if not (isinstance(d, _OF_A_CHECKPOINT) and d.version == event.version)
             ]  # fmt: skip
-        journal = self._journaled(event, before)
+        journal = self._journaled(event, before, effects)
         problems = self.world.observe(event, effects)
         problems += self.world.check(self.controller)
         problems += self.controller.check_invariants()

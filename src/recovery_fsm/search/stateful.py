@@ -267,7 +267,7 @@ def race_search(
         @precondition(
             lambda self: bool(_enabled(self.sim, RESUME) and _enabled(self.sim, FAILURES))
         )
-        @rule(data=st.data(), then=st.sampled_from(["late", "twice", "tick"]))
+        @rule(data=st.data(), then=st.sampled_from(["late", "twice", "tick", "answer"]))
         def crash_during_restart(self, data: st.DataObject, then: str) -> None:
             """Once the current version committed, a group dies and the trainer crashes while
             its restart runs (with ``twice`` two die, one beyond a standby). ``late``: it
@@ -275,7 +275,8 @@ def race_search(
             process answers after its deadline, when it was killed. ``twice``: it resumes at
             the version before, the re-run syncs that number again and crashes and resumes at
             it, and a group dies. ``tick``: it resumes at the version before and time runs to
-            the deadline."""
+            the deadline. ``answer``: it resumes at the version before, the re-run syncs that
+            number again, and only then do the processes answer, holding the dead run's."""
             self._step_if_enabled(Action(TRAINER, "export"))  # a restart from C(v) is leased
             self._step_if_enabled(Action(SCHEDULER, "commit", self.sim.world.fleet))
             if then == "twice":  # one beyond a standby's claim
@@ -289,7 +290,10 @@ def race_search(
             if then != "tick":
                 self._step_if_enabled(Action(TRAINER, "sync"))
                 self._step_if_enabled(Action(TRAINER, "export"))
-            if then == "twice":
+            if then == "answer":
+                for answer in _enabled(self.sim, frozenset({"verified", "standby_verified"})):
+                    self._step_if_enabled(answer)
+            elif then == "twice":
                 again = sorted(_enabled(self.sim, RESUME), key=lambda a: int(a.target or 0))
                 if again:
                     self._check(self.sim.step(again[-1]))
