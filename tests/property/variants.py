@@ -728,6 +728,24 @@ UNPIN_VARIANTS = (
 )
 VARIANTS = VARIANTS + UNPIN_VARIANTS
 
+# A resume that drops the user's pins on the past (searched with pins and two resumes).
+RESUME_VARIANTS_PINS = (
+    Variant(
+        "resume-unpins-the-past",
+        "Drops every pin at a resume, not only the abandoned future's: a checkpoint the user "
+        "pinned before the resumed version is deleted.",
+        (
+            (
+                f"{IN * 3}if rec.version > v:\n{IN * 4}rec.pinned, rec.abandoned_future",
+                f"{IN * 3}rec.pinned = False\n"
+                f"{IN * 3}if rec.version > v:\n{IN * 4}rec.pinned, rec.abandoned_future",
+            ),
+        ),
+        scope="resume",
+    ),
+)
+VARIANTS = VARIANTS + RESUME_VARIANTS_PINS
+
 # A runtime's reports taken on trust (the search sends misdirected and unasked ones).
 REPORT_VARIANTS = (
     Variant(

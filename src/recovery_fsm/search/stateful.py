@@ -102,6 +102,7 @@ RESUME = frozenset({"resume"})  # every current process found and answering
 # A resume that finds one process gone, one mute, or a stray beside them.
 FINDINGS = frozenset({"resume_gone", "resume_silent", "resume_stray"})
 UNPIN = frozenset({"unpin"})
+PIN = frozenset({"pin"})
 # "sync" here is a sync before the current version was exported at all.
 RARE = frozenset(
     {
@@ -255,6 +256,19 @@ def race_search(
         def trainer_resumes(self, data: st.DataObject) -> None:
             """The trainer crashed and resumed from its checkpoint (of the fleet's version or
             the one before), with whatever the runtime had in flight."""
+            self._take(data, RESUME)
+
+        @precondition(
+            lambda self: bool(_enabled(self.sim, RESUME) and _enabled(self.sim, PIN))
+        )
+        @rule(data=st.data())
+        def trainer_resumes_with_pins(self, data: st.DataObject) -> None:
+            """The user pinned checkpoints (the trainer keeps its own of those steps), a sync
+            supersedes them, and the trainer resumes: pins at or below the resumed version
+            hold through it."""
+            for pin in _enabled(self.sim, PIN):
+                self._step_if_enabled(pin)
+            self._step_if_enabled(Action(TRAINER, "sync"))
             self._take(data, RESUME)
 
         @precondition(lambda self: bool(_enabled(self.sim, FINDINGS)))
