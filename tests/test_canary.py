@@ -264,8 +264,9 @@ class NaNOnPushToG1(NoDigestEngine):
 class ForgetfulEngine(ReferenceEngine):
     """An engine whose own weight version can be lost (as a reload that reset it would)."""
 
-    def forget(self) -> None:
-        self.held = type(self.held)(None, self.held.digest)
+    def forget(self, version: int | None = None) -> None:
+        """Say it holds ``version`` (None: nothing) from now on."""
+        self.held = type(self.held)(version, self.held.digest)
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -283,13 +284,19 @@ def test_a_serving_engine_that_says_it_holds_another_version_has_failed(tmp_path
         wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
         time.sleep(1.0)  # probes pass while it holds version 1
         assert rt.controller.group("g0").incarnation == 1
-        ray.get(rt.actors("g0")[0].forget.remote())
-        wait_for(lambda: rt.controller.group("g0").incarnation == 2
-                 and rt.controller.group_state("g0") == "active", what="g0 recovered")  # fmt: skip
+        # No version, then an older one than the controller believes: each has failed.
+        for incarnation, older in ((2, None), (3, 0)):
+            ray.get(rt.actors("g0")[0].forget.remote(older))
+
+            def recovered(i: int = incarnation) -> bool:
+                view = rt.controller.group("g0")
+                return view.incarnation == i and view.state == "active"
+
+            wait_for(recovered, what=f"g0 recovered as #{incarnation}")
     reasons = [
         json.loads(line)["event"].get("reason")
         for line in journal.read_text().splitlines()
         if '"GroupFailed"' in line
     ]
-    assert reasons == ["holds version None, not 1"]
+    assert reasons == ["holds version None, not 1", "holds version 0, not 1"]
     assert replay(journal).ok
