@@ -308,6 +308,25 @@ class WrongWeightsEngine(ReferenceEngine):
         return self.held
 
 
+class UnseenWrongWeightsEngine(ReferenceEngine):
+    """Loads the checkpoint, then changes the embedding of one token its canary never
+    reads (neither in the prompt nor fed back from the answer; the head is untied): the
+    canary's answer is the same to the bit, the digest is not. Only the digest gate sees it."""
+
+    def boot_from_checkpoint(self, path: str) -> Any:
+        super().boot_from_checkpoint(path)
+        from recovery_fsm.export import canary, model_digest
+
+        assert not self.model.config.tie_word_embeddings
+        prompt = canary.prompt_for(int(self.model.config.vocab_size))
+        read = {*prompt, *canary.greedy(self.model, prompt).tokens}
+        unseen = max(set(range(int(self.model.config.vocab_size))) - read)
+        with torch.no_grad():
+            self.model.get_input_embeddings().weight[unseen].add_(1.0)
+        self.held = type(self.held)(self.held.version, model_digest(self.model))
+        return self.held
+
+
 def _flip_a_bit(rt: RecoveryRuntime) -> None:
     shard = Path(rt.controller.checkpoints()[1].path or "") / "model.safetensors"
     data = bytearray(shard.read_bytes())
@@ -317,8 +336,12 @@ def _flip_a_bit(rt: RecoveryRuntime) -> None:
 
 @pytest.mark.parametrize(
     ("engine", "corrupt"),
-    [(ReferenceEngine, _flip_a_bit), (WrongWeightsEngine, lambda rt: None)],
-    ids=["flipped-bit-on-disk", "engine-holds-other-weights"],
+    [
+        (ReferenceEngine, _flip_a_bit),
+        (WrongWeightsEngine, lambda rt: None),
+        (UnseenWrongWeightsEngine, lambda rt: None),
+    ],
+    ids=["flipped-bit-on-disk", "engine-holds-other-weights", "unseen-by-the-canary"],
 )
 def test_wrong_weights_are_refused_and_the_group_goes_cold(
     tmp_path: Path, engine: type, corrupt: Callable[[RecoveryRuntime], None]
@@ -336,6 +359,9 @@ def test_wrong_weights_are_refused_and_the_group_goes_cold(
         assert rt.sync(model, 2).get("g0") == rt.controller.incarnation("g0")
         assert rt.generate("g0", [4]).version == 2
         assert rt.statistics().recoveries == {"cold": 1}
+    refusals = [e["error"] for e in journal_events(tmp_path, "RestartLoadFailed")]
+    if engine is UnseenWrongWeightsEngine:  # the canary agreed: the digest alone refused it
+        assert len(refusals) == 1 and "digest gate" in refusals[0], refusals
     assert_replays_clean(tmp_path)
 
 
