@@ -101,7 +101,7 @@ def test_a_standby_that_outlived_the_trainer_is_kept_and_claimed_without_a_boot(
     assert after["replay_ok"], after["replay"]
 
 
-@pytest.mark.parametrize("at", ["export", "recovered"])
+@pytest.mark.parametrize("at", ["export", "recovered", "recovered-beside"])
 def test_a_trainer_whose_journal_is_lost_resumes_from_the_checkpoint_store(
     tmp_path: Path, at: str
 ) -> None:
@@ -118,6 +118,10 @@ def test_a_trainer_whose_journal_is_lost_resumes_from_the_checkpoint_store(
     _, (after,) = trainer("resume", tmp_path)
     found = after["resumption"]
     assert found["rebuilt_from"] == "store" and found["replayed"] == 0
+    if at == "recovered-beside":  # two of g1 survived: its newest is kept, the older goes
+        beside = before[1]
+        assert after["group_actors"]["g1"] == beside["g1_newest"]
+        assert not set(beside["g1_older"]) & set(after["alive_at_resume"])
     assert found["settled"] and found["version"] == 2
     moved = "reloaded" if at == "export" else "adopted"
     assert sorted(found[moved]) == ["g0", "g1"] and found["restarted"] == []

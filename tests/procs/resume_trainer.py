@@ -6,6 +6,7 @@ the trainer that resumes at v holds exactly what the dead one exported at v."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -50,6 +51,18 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _id(actor: Any) -> str:
     return str(actor._actor_id.hex())
+
+
+def alive(run: str) -> list[str]:
+    """The actors of the run's namespace still in the cluster."""
+    ns, out = f"recovery-fsm.{run}", []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry["namespace"] == ns:
+            try:
+                out.append(_id(ray.get_actor(entry["name"], namespace=ns)))
+            except ValueError:
+                continue  # gone since it was listed
+    return sorted(out)
 
 
 def die() -> None:
@@ -107,6 +120,19 @@ def crash(args: argparse.Namespace) -> None:
         until(lambda: rt.controller.group("g1").incarnation == 2)
         until(lambda: rt.controller.group("g1").serving)
         die()
+    if args.at == "recovered-beside":  # and g1's first process is back beside its second,
+        rt.kill("g1")  # as if the kill of it had never landed: two of g1 survive the trainer
+        until(lambda: rt.controller.group("g1").incarnation == 2)
+        until(lambda: rt.controller.group("g1").serving)
+        # Made here, beside the runtime (its table would kill a stopped incarnation's).
+        path, launcher = rt.controller.checkpoints()[PINNED].path, rt.launcher
+        older = launcher._engine.options(
+            **launcher.actor_options, **launcher._naming("g1", 1)
+        ).remote(launcher._model_config, "g1", 1)
+        ray.get(older.boot_from_checkpoint.remote(path, epoch=launcher.epoch), timeout=60)
+        print(json.dumps({"g1_newest": [_id(a) for a in rt.actors_table.of("g1", 2)],
+                          "g1_older": [_id(older)]}), flush=True)  # fmt: skip
+        die()
     if args.at == "recovery":  # g1 died; its restart from C(2) is in flight
         rt.kill("g1")
         until(lambda: rt.controller.group("g1").starting)
@@ -149,6 +175,13 @@ def resume(args: argparse.Namespace) -> None:
     )  # fmt: skip
     resume_s = time.perf_counter() - t0
     boots_at_resume = rt.launcher.boots
+    group_actors = {g: [_id(a) for a in rt.actors_table.of(g, v.incarnation)]
+                    for g, v in rt.controller.groups().items()}  # fmt: skip
+    kept = {i for ids in group_actors.values() for i in ids}
+    kept |= {_id(a) for s in rt.controller.standbys() for a in rt.actors_table.of(s, 1)}
+    with contextlib.suppress(TimeoutError):  # a kill lands shortly after it is asked;
+        until(lambda: set(alive(args.run)) <= kept, timeout=30.0)  # the test says what stays
+    alive_at_resume = alive(args.run)
     records = list(read_journal(args.journal))[found.replayed :]
     resumed_kinds = [r["event"]["kind"] for r in records if "event" in r]
     served_before_sync = {g: rt.generate(g, [1, 2, 3], 2).version for g in ("g0", "g1")}
@@ -180,6 +213,8 @@ def resume(args: argparse.Namespace) -> None:
     print(json.dumps({
         "resumption": attrs.asdict(found),
         "boots_at_resume": boots_at_resume,
+        "group_actors": group_actors,
+        "alive_at_resume": alive_at_resume,
         "resumed_kinds": resumed_kinds,
         "resume_s": resume_s,
         "boots": rt.launcher.boots,
