@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -28,6 +29,20 @@ def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "") ->
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or cond}")
         time.sleep(0.05)
+
+
+def process_gone(pid: int) -> bool:
+    """What the operating system says: no such process, or one that exited and awaits its
+    parent's reaping (a zombie holds no file open and runs nothing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # it exists, someone else's
+    ps = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
+    state = ps.stdout.strip()
+    return state == "" or state.startswith("Z")
 
 
 def serving(rt: Any, group: str) -> bool:

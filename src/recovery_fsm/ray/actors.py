@@ -11,16 +11,21 @@ run of days does not keep one entry per standby it ever booted.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
+import os
+import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..errors import Fenced
 from .engine import WeightsHeld
@@ -29,6 +34,74 @@ from .errors import BadRuntimeInput
 log = logging.getLogger(__name__)
 
 _FOREVER = 2**62  # the stop floor of a retired group: above every incarnation
+ENDED_KEPT = 64  # killed processes remembered until a report waits for their exit
+
+
+def _actor_id(actor: Any) -> str:
+    return str(actor._actor_id.hex())
+
+
+def _exited(pid: int) -> bool:
+    """What this host's operating system says: no such process, or one that exited and
+    waits to be reaped by its parent (a zombie reads nothing and holds no file)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    if stat.exists():  # Linux: the state follows the command's closing parenthesis
+        try:
+            return stat.read_text().rpartition(")")[2].split()[0] == "Z"
+        except (OSError, IndexError):
+            return True  # gone while read
+    ps = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True,
+                        check=False)  # fmt: skip
+    state = ps.stdout.strip()
+    return state == "" or state.startswith("Z")
+
+
+@ray.remote(num_cpus=0)
+def _exited_there(pid: int, timeout_s: float) -> bool:
+    """``_exited`` asked on the node the process ran on, waiting up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not _exited(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def wait_exited(asked: list[Any], timeout_s: float) -> bool:
+    """Wait for the processes whose ``process()`` answers ``asked`` holds to exit. One whose
+    answer never came died before it was built (it read nothing); one on a node that is
+    gone is gone with it."""
+    deadline = time.monotonic() + timeout_s
+    here = ray.get_runtime_context().get_node_id()
+    exited = True
+    for ref in asked:
+        try:
+            pid, node = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except Exception:
+            continue
+        left = max(0.0, deadline - time.monotonic())
+        if node == here:
+            while not _exited(pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            done = _exited(pid)
+        else:
+            strategy = NodeAffinitySchedulingStrategy(node, soft=False)
+            try:
+                done = bool(ray.get(_exited_there.options(scheduling_strategy=strategy)
+                                    .remote(pid, left), timeout=left + 10.0))  # fmt: skip
+            except Exception:
+                done = True  # its node is gone
+        if not done:
+            log.warning("process %d on node %s still runs %.0f s after its kill", pid, node,
+                        timeout_s)  # fmt: skip
+            exited = False
+    return exited
 
 
 @attrs.frozen
@@ -76,6 +149,13 @@ class ActorTable:
         # adopted (verified), or stopped.
         self._found: dict[tuple[str, int], tuple[Any, ...]] = {}
         self._closed = False  # any boot that comes later is killed
+        # Each actor's answer to ``process()`` (its pid and node), asked as it was made, and
+        # the actors taken to be killed whose exit nobody has waited for yet (the latest
+        # ENDED_KEPT processes): a report that frees what they read waits for their exit.
+        self._processes: dict[str, Any] = {}
+        self._ended: collections.OrderedDict[tuple[str, int], list[Any]] = (
+            collections.OrderedDict()
+        )
 
     def of(self, group: str, incarnation: int) -> list[Any]:
         """The actors of that process, or [] if it is not the group's current one."""
@@ -160,7 +240,30 @@ class ActorTable:
         if p is None:
             return []
         del self._current[group]
+        self._ended.setdefault((group, p.incarnation), []).extend(p.actors)
+        while len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
         return list(p.actors)
+
+    def made(self, actors: Iterable[Any]) -> None:
+        """Actors just made: ask each which process it is (answered once it is built,
+        beside whatever it runs next), for a wait on its exit later."""
+        asked = {_actor_id(a): a.process.remote() for a in actors}
+        with self._lock:
+            self._processes.update(asked)
+
+    def wait_exited(
+        self, group: str, incarnation: int, actors: Iterable[Any] = (), timeout_s: float = 30.0
+    ) -> bool:
+        """Wait until the processes of ``group#incarnation`` taken to be killed (and
+        ``actors``) have exited, as their operating system says. Ray refuses a call to a
+        killed actor at once, while its process may still run and read a checkpoint: a
+        report that lets that checkpoint go is sent only after this. False if one still
+        ran at the deadline."""
+        with self._lock:
+            ended = self._ended.pop((group, incarnation), []) + list(actors)
+            asked = [self._processes.pop(_actor_id(a), None) for a in ended]
+        return wait_exited([r for r in asked if r is not None], timeout_s)
 
     def standby_boot_queued(self, standby: str) -> None:
         """A standby's one boot is queued: until it comes back, a stop needs a floor."""
@@ -255,9 +358,15 @@ def fenced(engine: type) -> type:
             self._run_epoch = max(epoch, getattr(self, "_run_epoch", 0))
         return self.whoami()  # type: ignore[no-any-return]
 
+    @ray.method(concurrency_group="health")
+    def process(self: Any) -> tuple[int, str]:
+        """The operating system's id of this process and the Ray node it runs on: what a
+        user looks for in ``ps``, and what a check that it exited asks the system about."""
+        return os.getpid(), str(ray.get_runtime_context().get_node_id())
+
     body: dict[str, Any] = {name: command(name) for name in COMMANDS if hasattr(engine, name)}
-    body |= {"fence": fence, "__recovery_fenced__": True, "__module__": engine.__module__,
-             "__qualname__": engine.__qualname__}  # fmt: skip
+    body |= {"fence": fence, "process": process, "__recovery_fenced__": True,
+             "__module__": engine.__module__, "__qualname__": engine.__qualname__}  # fmt: skip
     return type(engine.__name__, (engine,), body)
 
 
@@ -335,6 +444,7 @@ class Launcher:
             for _ in range(self.actors_per_group)
         ]
         self.boots += len(actors)
+        self.table.made(actors)
         kill(self.table.replace(group, incarnation, actors))
         return self.call_all(group, incarnation, call)
 

@@ -133,6 +133,7 @@ class HealthMonitor:
                 if owner is not None and owner[0] in self._controller.standbys():
                     # Out of the table: a standby's name never comes back to replace it.
                     kill(self._table.take_standby(owner[0]))
+                    self._table.wait_exited(owner[0], 1)  # a load of its may read C(v)
                     self._reporter.report_once(ev.StandbyFailed, standby=owner[0],
                                                reason="actor died")  # fmt: skip
                 elif owner is not None and not owner[0].startswith(STANDBY_PREFIX):
@@ -141,6 +142,7 @@ class HealthMonitor:
                     # Up, or loading a checkpoint in place: the same process, still the
                     # group's, under the number it has now.
                     if now.incarnation == inc and (now.up or now.loading):
+                        self._table.wait_exited(g, inc, [actor])  # a load's lease ends next
                         self._reporter.report(ev.GroupFailed, group=g, incarnation=inc,
                                               reason="actor died")  # fmt: skip
                 del self._watches[ref]

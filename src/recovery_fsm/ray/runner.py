@@ -250,6 +250,7 @@ class EffectRunner:
                                           evidence=evidence)  # fmt: skip
                 else:
                     kill(self._table.take(g, inc))
+                    self._table.wait_exited(g, inc)  # what it read is let go only then
                     self._reporter.report(ev.RelaunchFailed if cold else ev.RestartLoadFailed,
                                           group=g, incarnation=inc, error=error)  # fmt: skip
             case fx.ClaimStandby(group=g, incarnation=inc):
@@ -264,6 +265,7 @@ class EffectRunner:
                                           evidence=evidence)  # fmt: skip
                 else:
                     kill(self._table.take(g, inc))
+                    self._table.wait_exited(g, inc)
                     self._reporter.report(ev.RestartLoadFailed, group=g, incarnation=inc,
                                           error=error)  # fmt: skip
             case fx.VerifyGroup(group=g, incarnation=inc):
@@ -278,6 +280,7 @@ class EffectRunner:
                                           version=held, evidence=evidence)  # fmt: skip
                 else:
                     kill(self._table.take(g, inc))
+                    self._table.wait_exited(g, inc)
                     self._reporter.report(ev.GroupFailed, group=g, incarnation=inc,
                                           reason=f"not verified: {error}")  # fmt: skip
             case fx.VerifyStandby(standby=s):
@@ -304,6 +307,7 @@ class EffectRunner:
                     self._reporter.report(ev.StandbyLoaded, standby=s, version=effect.version)
                 else:
                     kill(self._table.take_standby(s))
+                    self._table.wait_exited(s, 1)
                     self._reporter.report(ev.StandbyFailed, standby=s, reason=str(error))
             case fx.DeleteCheckpoint(version=v, path=path):
                 self._delete(v, path, effect)
