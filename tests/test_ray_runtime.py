@@ -365,6 +365,49 @@ def test_wrong_weights_are_refused_and_the_group_goes_cold(
     assert_replays_clean(tmp_path)
 
 
+class PartWayPushEngine(ReferenceEngine):
+    """The push of 2 lands on g1 only in part and raises (an abort is no rollback: it holds
+    a mix of 1 and 2); the push of 3 kills g0 half-way through."""
+
+    def update_weights(self, version: int, weights: dict[str, Any]) -> Any:
+        if (self.group, version) in {("g1", 2), ("g0", 3)}:
+            half = dict(list(weights.items())[: len(weights) // 2])
+            if self.group == "g0":
+                with torch.no_grad():
+                    self.model.load_state_dict(half, strict=False)
+                os._exit(1)
+            return super().update_weights(version, half)  # raises: the rest is missing
+        return super().update_weights(version, weights)
+
+
+def test_a_push_that_fails_part_way_is_never_routed_and_is_repaired_from_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """A process holding a mix of two versions says it holds none, is left out of the sync
+    and withdrawn, serves nothing meanwhile, and serves again only once it holds C(v)'s
+    weights exactly (a load in place; a process that died part-way restarts from C(v))."""
+    model = trainer()
+    with runtime(tmp_path, engine=PartWayPushEngine) as rt:
+        serving_v1(rt, model)
+        for version, broken, whole in ((2, "g1", "g0"), (3, "g0", "g1")):
+            step(model)
+            got = rt.sync(model, version)
+            assert broken not in got and got[whole] == rt.controller.incarnation(whole)
+            if broken == "g1":  # it raised: alive, holding a mix nobody vouches for
+                [mixed] = rt.actors("g1")
+                assert ray.get(mixed.weights.remote(), timeout=30).version is None
+            wait_for(lambda b=broken: rt.routes[b] is None, what=f"{broken} withdrawn")
+            answers = rt.rollout([[1, 2]] * 4)
+            assert {s.certificate.group for r in answers for s in r.samples} == {whole}
+            assert {s.certificate.version for r in answers for s in r.samples} == {version}
+            wait_for(lambda b=broken: serving(rt, b), timeout=90, what=f"{broken} repaired")
+            assert rt.generate(broken, [4]).version == version
+            [engine] = rt.actors(broken)
+            assert ray.get(engine.weights.remote(), timeout=30).digest == model_digest(model)
+        assert rt.statistics().loads_from_deleted == 0
+    assert_replays_clean(tmp_path)
+
+
 def test_a_group_a_sync_brings_back_serves_when_the_sync_returns(tmp_path: Path) -> None:
     """Routing runs on the link's thread; ``sync`` waits for it, so the trainer's next
     request finds the group routed however slowly that thread runs."""

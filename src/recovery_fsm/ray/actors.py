@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 _FOREVER = 2**62  # the stop floor of a retired group: above every incarnation
 ENDED_KEPT = 64  # killed processes remembered until a report waits for their exit
+PROCESSES_KEPT = 4096  # actors whose pid is remembered (a run's latest boots)
 
 
 def _actor_id(actor: Any) -> str:
@@ -152,7 +153,7 @@ class ActorTable:
         # Each actor's answer to ``process()`` (its pid and node), asked as it was made, and
         # the actors taken to be killed whose exit nobody has waited for yet (the latest
         # ENDED_KEPT processes): a report that frees what they read waits for their exit.
-        self._processes: dict[str, Any] = {}
+        self._processes: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._ended: collections.OrderedDict[tuple[str, int], list[Any]] = (
             collections.OrderedDict()
         )
@@ -251,6 +252,8 @@ class ActorTable:
         asked = {_actor_id(a): a.process.remote() for a in actors}
         with self._lock:
             self._processes.update(asked)
+            while len(self._processes) > PROCESSES_KEPT:  # the oldest are long replaced
+                self._processes.popitem(last=False)
 
     def wait_exited(
         self, group: str, incarnation: int, actors: Iterable[Any] = (), timeout_s: float = 30.0
@@ -302,6 +305,8 @@ class ActorTable:
                 "current": len(self._current),
                 "stopped": len(self._stopped),
                 "booting": len(self._booting),
+                "ended": len(self._ended),
+                "processes": len(self._processes),
             }
 
 

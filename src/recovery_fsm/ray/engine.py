@@ -176,7 +176,13 @@ class ReferenceEngine:
         with self._lock:
             if self.model is None:
                 raise RuntimeError("update_weights before a boot")
-            self.model.load_state_dict(weights, strict=True)
+            try:
+                self.model.load_state_dict(weights, strict=True)
+            except BaseException:
+                # Part of it may have landed: a mix of two versions (an abort is no
+                # rollback), which nobody vouches for. Probes see it at once.
+                self.held = WeightsHeld(None, None)
+                raise
             self.held = WeightsHeld(version, model_digest(self.model))
             return self.held
 

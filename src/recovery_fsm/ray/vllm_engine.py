@@ -34,6 +34,7 @@ the sync (demoted, it serves nothing), and its next load in place or canary deci
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import itertools
 import json
@@ -42,7 +43,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import ray
@@ -164,7 +165,8 @@ class VLLMEngine:
             began = time.perf_counter()
             p = os.path.abspath(path)
             CheckpointStore(os.path.dirname(p)).verify(p, full=True)
-            self.llm.collective_rpc("recovery_load_files", kwargs={"files": shard_files(p)})
+            with self._unvouched_on_error():
+                self.llm.collective_rpc("recovery_load_files", kwargs={"files": shard_files(p)})
             self.timings["load_s"] = time.perf_counter() - began
             return self._set_version(manifest_version(path))
 
@@ -172,7 +174,8 @@ class VLLMEngine:
         with self._lock:
             self._require_boot("update_weights")
             named = list(weights.items())
-            self.llm.collective_rpc("recovery_load_tensors", kwargs={"named": named})
+            with self._unvouched_on_error():
+                self.llm.collective_rpc("recovery_load_tensors", kwargs={"named": named})
             return self._set_version(version)
 
     def weights(self) -> WeightsHeld:
@@ -281,6 +284,17 @@ class VLLMEngine:
     def _held_version(self) -> int | None:
         llm = self.llm
         return None if llm is None else _version(llm.llm_engine.get_weight_version())
+
+    @contextlib.contextmanager
+    def _unvouched_on_error(self) -> Iterator[None]:
+        """A transfer that fails part-way leaves a mix of two versions (an abort is no
+        rollback, vLLM #57854): from then on the engine says it holds none."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):  # the first error is the one to see
+                self._set_version(None)
+            raise
 
     def _set_version(self, version: int | None) -> WeightsHeld:
         self.llm.llm_engine.set_weight_version("none" if version is None else str(version))
