@@ -63,15 +63,19 @@ def _exited(pid: int) -> bool:
     return state == "" or state.startswith("Z")
 
 
-@ray.remote(num_cpus=0)
-def _exited_there(pid: int, timeout_s: float) -> bool:
-    """``_exited`` asked on the node the process ran on, waiting up to ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
+def _exits_by(pid: int, deadline: float) -> bool:
+    """Poll ``_exited`` until it holds or ``deadline`` (monotonic) passes."""
     while not _exited(pid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)
     return True
+
+
+@ray.remote(num_cpus=0)
+def _exited_there(pid: int, timeout_s: float) -> bool:
+    """``_exits_by`` asked on the node the process ran on."""
+    return _exits_by(pid, time.monotonic() + timeout_s)
 
 
 def wait_exited(asked: list[Any], timeout_s: float) -> bool:
@@ -88,9 +92,7 @@ def wait_exited(asked: list[Any], timeout_s: float) -> bool:
             continue
         left = max(0.0, deadline - time.monotonic())
         if node == here:
-            while not _exited(pid) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            done = _exited(pid)
+            done = _exits_by(pid, deadline)
         else:
             strategy = NodeAffinitySchedulingStrategy(node, soft=False)
             try:

@@ -76,9 +76,13 @@ def _about(e: ev.Event) -> tuple[object, ...]:
     return (e.kind, e.group, e.incarnation)
 
 
-def _target(e: ev.Event) -> tuple[object, ...]:
-    key = _about(e)
+def _target_of(key: tuple[object, ...]) -> tuple[object, ...]:
+    """The process (or checkpoint) a report's ``_about`` key names, its version aside."""
     return key[1:2] if key[0] in _OF_A_STANDBY else key[1:]
+
+
+def _target(e: ev.Event) -> tuple[object, ...]:
+    return _target_of(_about(e))
 
 
 def small_config(**changes: Any) -> RecoveryConfig:
@@ -565,7 +569,7 @@ class Sim:
         nothing changes. ``misdirected``: about a process (or checkpoint) that does owe a
         report, but of another kind, incarnation or version; else about one that owes none."""
         owed = {_about(self.event_for(a)) for a in self.actions() if a.kind in _ANSWERS}
-        targets = {key[1:2] if key[0] in _OF_A_STANDBY else key[1:] for key in owed}
+        targets = {_target_of(key) for key in owed}
         wrong = [e for e in self._reports() if _about(e) not in owed]
         chosen = [e for e in wrong if (_target(e) in targets) == misdirected]
         if not chosen:
