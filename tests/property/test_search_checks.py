@@ -12,6 +12,7 @@ from variants import load
 from recovery_fsm import RecoveryController, Rules
 from recovery_fsm import events as ev
 from recovery_fsm.search import Scope, Sim
+from recovery_fsm.search.explorer import explore
 from recovery_fsm.search.stateful import small_resume
 from recovery_fsm.state import CheckpointSlot, GroupSlot
 
@@ -237,3 +238,13 @@ def test_a_version_exported_again_after_a_resume_owes_its_own_delete_not_a_dupli
     assert _walk(sim, steps) == []
     assert not [d for d in sim.delivered if isinstance(d, ev.CheckpointDeleted)]
     assert all(sim.fork().duplicate(i) == [] for i in range(len(sim.delivered)))
+
+
+def test_the_explorer_reports_a_shortest_counterexample() -> None:
+    """Breadth-first with states merged by key: what it finds at depth d, no search of depth
+    d - 1 finds (the broken-variant tests rely on this rather than exploring twice)."""
+    broken = load("delete-ignoring-leases")
+    found = explore(8, Scope(), rules=broken)
+    assert found.found and found.trace is not None and len(found.trace) == found.depth > 1
+    shallower = explore(found.depth - 1, Scope(), rules=broken)
+    assert not shallower.found and shallower.depth == found.depth - 1
