@@ -263,3 +263,67 @@ def test_a_repeated_load_report_is_not_taken_for_the_next_load() -> None:
         d.c.handle(ev.StandbyLoaded("standby-1", 1, at=d.now()))
     d.send(ev.StandbyLoaded, "standby-1", 2)
     assert d.c.standbys()["standby-1"].ready
+
+
+# -- a standby the push in flight made newer than its claim asked ----------------------------
+
+
+def _claimed_ahead(**changes: object) -> Driver:
+    """standby-1 holds 1 and is claimed by g0 as it is; the push of 2, in flight, reached
+    it before its check: the check finds 2 and reports it."""
+    d = pool(**changes)
+    push(d, 1)
+    [claim] = kinds(d.about(ev.GroupFailed, "g0"), ClaimStandby)
+    assert claim.version == 1  # type: ignore[attr-defined]
+    effects = d.about(ev.RestartLoaded, "g0", version=2)
+    assert not kinds(effects, RouteTraffic) and not kinds(effects, LoadCheckpoint)
+    assert d.c.group("g0").state == "pending_weights" and d.c.group("g0").version == 2
+    return d
+
+
+def test_a_claim_that_finds_the_pushed_version_serves_when_that_sync_lands_unlisted() -> None:
+    """Neither refused (a kill and a slow restart) nor served early: the sync of 2, whose
+    push began before the claim and so lists the standby's old name, admits it."""
+    d = _claimed_ahead()
+    d.send(ev.ExportStarted, 1)
+    assert not kinds(d.send(ev.ExportCommitted, 1, "/ckpt/step-1"), LoadCheckpoint)
+    routed = d.send(ev.WeightsSynced, 2, {"g1": 1, "standby-1": 1})
+    assert RouteTraffic("g0", 2, 2) in routed and d.c.group("g0").state == "active"
+
+
+def test_a_claim_that_finds_the_version_whose_sync_landed_meanwhile_serves_at_once() -> None:
+    """The push of 2 reached the standby, then its sync landed (not listing the claim) before
+    the check reported: found holding the fleet's version, it serves, with no load."""
+    d = pool()
+    push(d, 1)
+    d.about(ev.GroupFailed, "g0")
+    d.send(ev.WeightsSynced, 2, {"g1": 1, "standby-1": 1})
+    effects = d.about(ev.RestartLoaded, "g0", version=2)
+    assert RouteTraffic("g0", 2, 2) in effects and not kinds(effects, LoadCheckpoint)
+    assert d.c.group("g0").state == "active"
+
+
+def test_a_claim_ahead_that_no_sync_reports_goes_back_to_the_checkpoint_at_the_deadline() -> None:
+    d = _claimed_ahead(load_timeout_s=5.0)
+    d.send(ev.ExportStarted, 1)
+    d.send(ev.ExportCommitted, 1, "/ckpt/step-1")
+    assert not kinds(d.c.handle(ev.Tick(at=d.now() + 1.0)), LoadCheckpoint)
+    [load] = kinds(d.c.handle(ev.Tick(at=100.0)), LoadCheckpoint)  # nobody's weights: C(1)
+    assert load.version == 1 and d.c.group("g0").version is None  # type: ignore[attr-defined]
+
+
+def test_a_claim_found_at_another_version_is_refused_unless_a_push_could_bring_it() -> None:
+    d = pool()
+    push(d, 1)
+    d.about(ev.GroupFailed, "g0")
+    before = d.c.snapshot()
+    for version in (1, 0):  # what it was claimed holding, or older: say it without a version
+        words = "not above the 1 it was claimed holding"
+        with pytest.raises(EventNotAllowed, match=words):
+            d.about(ev.RestartLoaded, "g0", version=version)
+    assert d.c.snapshot() == before
+    d2 = Driver(RecoveryConfig(), ["g0"])
+    d2.step(1)
+    d2.about(ev.GroupFailed, "g0")  # a restart from C(1): it loads what it was given
+    with pytest.raises(EventNotAllowed, match="only a standby claimed as it is"):
+        d2.about(ev.RestartLoaded, "g0", version=2)

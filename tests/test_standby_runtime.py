@@ -4,7 +4,10 @@ admission, replaced when they die, stopped at shutdown. Each journal replays cle
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -141,4 +144,58 @@ def test_a_dead_standby_is_replaced_and_shutdown_stops_the_pool(tmp_path: Path) 
     wait_for(lambda: dead(second), what="standby-2 killed at shutdown")
     [died] = journal_events(tmp_path, "StandbyFailed")
     assert (died["standby"], died["reason"]) == ("standby-1", "actor died")
+    assert_replays_clean(tmp_path)
+
+
+class PushWaitsForAFlagOnG1(ReferenceEngine):
+    """g1 takes the push of 2 only once ``FLAG`` exists: the sync stays in flight."""
+
+    FLAG = ""
+
+    def update_weights(self, version: int, weights: dict[str, Any]) -> Any:
+        if self.group == "g1" and version == 2:
+            while not os.path.exists(self.FLAG):
+                time.sleep(0.05)
+        return super().update_weights(version, weights)
+
+
+def test_a_standby_the_push_in_flight_reached_is_claimed_and_serves_when_that_sync_lands(
+    tmp_path: Path,
+) -> None:
+    """g0 dies while the push of 2 is in flight, after it reached the standby: the claim
+    finds 2 where it asked 1, is checked against the push's own record and waits, not
+    routed, for the sync of 2, which admits it. No kill, no boot, no slow path."""
+    flag = tmp_path / "push-may-finish"
+    engine = type("PushWaits", (PushWaitsForAFlagOnG1,), {"FLAG": str(flag)})
+    model = trainer()
+    with runtime(tmp_path, standby=1, engine=engine) as rt:
+        rt.start(model)
+        wait_for(lambda: standby_state(rt, "standby-1") == "stale", what="standby-1 booted")
+        step(model)
+        rt.sync(model, 1)
+        assert standby_state(rt, "standby-1") == "ready"
+        [spare] = rt.actors_table.of("standby-1", 1)
+        boots = rt.launcher.boots
+        step(model)
+        synced: dict[str, Any] = {}
+        pushing = threading.Thread(target=lambda: synced.update(rt.sync(model, 2)))
+        pushing.start()
+        wait_for(lambda: ray.get(spare.weights.remote(), timeout=30).version == 2,
+                 what="the push reached the standby")  # fmt: skip
+        rt.kill("g0")
+
+        def found_ahead() -> bool:
+            view = rt.controller.group("g0")
+            return (view.incarnation, view.state, view.version) == (2, "pending_weights", 2)
+
+        wait_for(found_ahead, what="g0 claimed the standby, found holding 2")
+        assert rt.routes["g0"] is None  # not before the sync of 2
+        flag.touch()
+        pushing.join(timeout=120)
+        assert synced["g1"] == 1 and synced.get("g0") in (None, 1)  # its dead process, if any
+        wait_for(lambda: serving(rt, "g0"), what="g0 admitted by the sync of 2")
+        assert rt.actors("g0", 2) == [spare]  # the standby's process, never killed
+        assert rt.generate("g0", [1, 2, 3]).version == 2
+        assert rt.statistics().recoveries == {"standby": 1}
+        assert rt.launcher.boots == boots + 1  # the pool's refill only
     assert_replays_clean(tmp_path)

@@ -306,11 +306,16 @@ class GroupVerified(Event):
 
 @attrs.frozen
 class RestartLoaded(Event):
-    """The process started by RestartFromCheckpoint finished loading its checkpoint."""
+    """The process started by RestartFromCheckpoint finished loading its checkpoint (or a
+    claimed standby passed its check). ``version``: a standby claimed as it is was found
+    holding this version, above the one the claim asked, and admitted against the record of
+    the push in flight that brought it (None: it holds what was asked)."""
 
     group: str = attrs.field(converter=valid.plain_str, validator=valid.name)
     incarnation: int = attrs.field(validator=valid.incarnation)
     at: float = attrs.field(converter=valid.plain_seconds, validator=valid.time, kw_only=True)
+    version: int | None = attrs.field(default=None, validator=valid.optional_version,
+                                      kw_only=True)  # fmt: skip
     # What the runtime's admission check held the process to (digest, canary), journaled so
     # that a sample certified by this step can be traced to it; empty: nothing was checked.
     evidence: str = attrs.field(default="", converter=valid.plain_str, validator=valid.text,

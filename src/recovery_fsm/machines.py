@@ -64,6 +64,12 @@ class GroupRecord:
     def serves_current(self) -> bool:
         return self.version == self.fleet.version
 
+    @property
+    def ahead_of_fleet(self) -> bool:
+        """It holds a version above the fleet's: a push in flight reached it before its
+        claim was checked, and the sync that reports that push is still to come."""
+        return self.version is not None and self.version > self.fleet.version
+
     def counted(self, now: float) -> list[float]:
         """With a window, the failures that count against the budget at ``now``: those less
         than ``restart_window_s`` ago (the budget refills as they age out)."""
@@ -185,7 +191,7 @@ class CheckpointMachine(StateMachine):
 
 
 # The guard of a load in place; both facts come with the event.
-_CATCH_UP = "may_load_checkpoints and checkpoint_ready"
+_CATCH_UP = "may_load_checkpoints and checkpoint_ready and not ahead_of_fleet"
 
 
 class WorkerGroupMachine(StateMachine):

@@ -78,7 +78,10 @@ verification's, a standby's boot, load or verification of that version); any oth
 and changes nothing, so a stray report never ends a start still running or frees its lease.
 * RestartLoaded(g, i)       its load finished: the lease is released (which may reap C); it
   serves if it loaded the fleet's version, else it catches up from C(v) if that is ready
-  (``LoadCheckpoint``, same process) or waits for the next sync.
+  (``LoadCheckpoint``, same process) or waits for the next sync. A standby claimed as it is
+  may be found holding a newer version (``version=``: a push reached it before its check):
+  it serves if the fleet has moved there, else it waits, never loading, for the sync of that
+  push until the load deadline, after which its weights are nobody's and it catches up.
 * RestartLoadFailed(g, i)   the lease is released, recovery cools, the group has failed.
 * Relaunched / RelaunchFailed(g, i)  a cold start came up (catches up from a ready C(v) if
   its switch is enabled, else waits for weights) or failed.
@@ -617,6 +620,9 @@ class Rules:
                 self._fail(g, kill="relaunch deadline")
             elif r.state == GroupState.RESUMING and waited >= c.deadline("load"):
                 self._fail(g, kill="verify deadline")  # its start, if any, awaits the answer
+            elif r.ahead_of_fleet and waited >= c.deadline("load"):
+                r.version, r.since = None, None  # no sync reported that push: nobody's
+                self._catch_up(g)
         for sb in list(self.standbys.values()):
             s = sb.record
             if s.since is None:
@@ -738,7 +744,21 @@ class Rules:
             self._catch_up(g)
 
     def check_RestartLoaded(self, e: ev.RestartLoaded) -> GroupSlot | Orphan:
-        return self._current(e, LOADING)
+        found = self._current(e, LOADING)
+        if e.version is not None:
+            start = self.starts[(e.group, e.incarnation)]
+            if start.kind != "claim" or start.lease is not None:
+                raise EventNotAllowed(
+                    f"RestartLoaded for {e.group}#{e.incarnation} names version {e.version}: "
+                    "only a standby claimed as it is may be found holding another"
+                )
+            if start.version is None or e.version <= start.version:
+                raise EventNotAllowed(
+                    f"RestartLoaded for {e.group}#{e.incarnation} found version {e.version}, "
+                    f"not above the {start.version} it was claimed holding: only a push "
+                    "brings a claimed standby another version (whose sync may have landed)"
+                )
+        return found
 
     def on_RestartLoaded(self, e: ev.RestartLoaded, found: GroupSlot | Orphan) -> None:
         g = self._settle(found)
@@ -746,10 +766,15 @@ class Rules:
             return
         start = self._end_start(g)
         assert start is not None
-        g.record.version = start.lease.version if start.lease is not None else start.version
+        r = g.record
+        r.version = start.lease.version if start.lease is not None else start.version
+        if e.version is not None:  # a push in flight reached the standby before its check
+            r.version = e.version
         self._fire_group(g, GroupEvent.LOADED)  # serves, or holds stale weights
-        if g.record.state == GroupState.PENDING_WEIGHTS:
-            self._catch_up(g)  # a sync landed during the load
+        if r.state == GroupState.PENDING_WEIGHTS:
+            self._catch_up(g)  # a sync landed during the load; one ahead waits for its sync
+            if r.ahead_of_fleet:
+                r.since = self.now  # its sync is due within the load deadline
 
     def check_RestartLoadFailed(self, e: ev.RestartLoadFailed) -> GroupSlot | Orphan:
         return self._current(e, LOADING)
@@ -1316,7 +1341,7 @@ class Rules:
         r = g.record
         was_serving = r.state in SERVING
         self._fire(g.machine, Label.of(Label.GROUP, r.name), event, **facts)
-        if r.state not in WAITING:
+        if r.state not in WAITING and not r.ahead_of_fleet:  # ahead: it waits for its sync
             r.since = None
         serving = r.state in SERVING
         if serving and not was_serving:

@@ -111,7 +111,10 @@ def test_hypothesis_finds_the_broken_controller_on_every_seed(name: str, number:
 # explorer's scope of one resume; Hypothesis finds them on every seed. A resume at a stale
 # epoch is a refusal, and so is an unasked report: the explorer sends none (the search's
 # wrong-event rule finds them). Its resume scope has no pins, so no pin the resume drops.
+# A claim ahead kept past its deadline shows only once C(v) then commits: depth 7 in the
+# standby world, 95 s here; Hypothesis finds it on every seed.
 BEYOND_THE_EXPLORER = {
+    "claim-ahead-kept-forever",
     "resume-unpins-the-past",
     "stale-epoch-resume-accepted",
     "unasked-verification-accepted",
@@ -133,7 +136,10 @@ def test_explorer_finds_the_broken_controller_by_depth_8(name: str, tmp_path: Pa
     assert len(result.trace) == result.depth
     again = replay(result.journal)
     assert again.violation_step is not None
-    assert set(again.violations) & set(result.violations)
+    # A refusal is the search's own finding: the replay holds it if it answered the same.
+    assert {v.removeprefix("(recorded by the search) ") for v in again.violations} & set(
+        result.violations
+    )
     # The real controller, fed the same events, stays safe.
     assert replay(result.journal, Rules).violation_step is None
 

@@ -210,9 +210,8 @@ VARIANTS: tuple[Variant, ...] = (
         "fleet moved on while it was loading.",
         (
             (
-                "g.record.version = start.lease.version if start.lease is not None else "
-                "start.version\n",
-                "g.record.version = self.fleet.version  # should be the lease's version\n",
+                "r.version = start.lease.version if start.lease is not None else start.version\n",
+                "r.version = self.fleet.version  # should be the lease's version\n",
             ),
         ),
     ),
@@ -762,6 +761,63 @@ REPORT_VARIANTS = (
     ),
 )
 VARIANTS = VARIANTS + REPORT_VARIANTS
+
+# A standby the push in flight made newer than its claim asked (searched with a standby).
+AHEAD_VARIANTS = (
+    Variant(
+        "claim-ahead-refused",
+        "Refuses a claim whose standby the push in flight brought to the next version: the "
+        "standby is killed and the group takes the slow path when a standby should pay off.",
+        (
+            (
+                f"{IN * 3}if start.version is None or e.version <= start.version:\n",
+                f"{IN * 3}if True:\n",
+            ),
+        ),
+        scope="standby",
+    ),
+    Variant(
+        "claim-synced-refused",
+        "Refuses a claimed standby found holding a version the fleet already moved to (its "
+        "push reached it, its sync landed before the check reported): the standby holding "
+        "the current weights is killed at the deadline.",
+        (
+            (
+                f"{IN * 3}if start.version is None or e.version <= start.version:\n",
+                f"{IN * 3}if e.version <= self.fleet.version:\n",
+            ),
+        ),
+        scope="standby",
+    ),
+    Variant(
+        "claim-ahead-taken-as-asked",
+        "Takes a claimed standby as holding the version its claim asked, whatever its check "
+        "found: it serves the next version's weights under the current one's name.",
+        (
+            (
+                f"{IN * 2}if e.version is not None:  # a push in flight reached the standby "
+                f"before its check\n{IN * 3}r.version = e.version\n",
+                "",
+            ),
+        ),
+        scope="standby",
+    ),
+    Variant(
+        "claim-ahead-kept-forever",
+        "Keeps a process holding a pushed version no sync reported: its weights are "
+        "nobody's, and it never loads C(v).",
+        (
+            (
+                f'{IN * 3}elif r.ahead_of_fleet and waited >= c.deadline("load"):\n'
+                f"{IN * 4}r.version, r.since = None, None  # no sync reported that push: "
+                f"nobody's\n{IN * 4}self._catch_up(g)\n",
+                "",
+            ),
+        ),
+        scope="standby",
+    ),
+)
+VARIANTS = VARIANTS + AHEAD_VARIANTS
 
 BY_NAME = {v.name: v for v in VARIANTS + HOSTING_VARIANTS}
 

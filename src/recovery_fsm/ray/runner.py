@@ -72,6 +72,8 @@ class EffectRunner:
         # (group, incarnation) -> what its admission held it to, until its outcome is reported
         # (each process is run by one lane at a time).
         self._evidence: dict[tuple[str, int], str] = {}
+        # Claims whose standby a push in flight had brought to a newer version: that version.
+        self._ahead: dict[tuple[str, int], int] = {}
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="recovery-fsm-run")
         self._lock = threading.Lock()
         self._lanes: dict[str, collections.deque[fx.Effect]] = {}
@@ -260,9 +262,10 @@ class EffectRunner:
                     log.exception("claiming %r raised", effect)
                     error = f"{type(err).__name__}: {err}"[:500]
                 evidence = self._evidence.pop((g, inc), "")
+                ahead = self._ahead.pop((g, inc), None)  # found holding a pushed version
                 if error is None:
                     self._reporter.report(ev.RestartLoaded, group=g, incarnation=inc,
-                                          evidence=evidence)  # fmt: skip
+                                          evidence=evidence, version=ahead)  # fmt: skip
                 else:
                     kill(self._table.take(g, inc))
                     self._table.wait_exited(g, inc)
@@ -429,13 +432,24 @@ class EffectRunner:
         )
         if isinstance(answers, BootFailed):
             return answers.reason
-        if any(getattr(h, "version", None) != version for h in answers[0::2]):
-            held = sorted({str(getattr(h, "version", None)) for h in answers[0::2]})
-            return f"the standby holds version {', '.join(held)}, not {version}"
+        held = {getattr(h, "version", None) for h in answers[0::2]}
+        if held != {version}:
+            (found,) = held if len(held) == 1 else (None,)
+            # A push in flight may have reached it first: checked against that push's own
+            # record, and reported as found (the rules decide what it may do).
+            newer = found if type(found) is int and found > version else None
+            record = None if newer is None else self._expected(newer)
+            if newer is None or record is None or record[1] is None:
+                shown = sorted(str(v) for v in held)
+                return f"the standby holds version {', '.join(shown)}, not {version}"
+            digest, canary = record[0], record[1]
+            self._ahead[(g, inc)] = newer
         gate = digest if self._launcher.computes_digest else None
         why = admission.push_refusal(canary, gate, answers)
         if why is None:
             self._evidence[(g, inc)] = admission.evidence(self._launcher, gate, canary)
+        else:
+            self._ahead.pop((g, inc), None)
         return why
 
     def _verify(self, g: str, inc: int) -> tuple[int | None, str | None]:

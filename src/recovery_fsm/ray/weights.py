@@ -102,6 +102,9 @@ class Weights:
         if self._to_standbys:
             up |= dict.fromkeys(self._controller.up_standbys(), 1)
         deadline = time.monotonic() + self.push_timeout_s
+        # Known from the first tensor on: a claim checked during the round may find a
+        # standby this push already reached, and is checked against this record.
+        self._pushed = (version, digest, expected)
         self._gate.hold()
         try:
             # A push queued behind a batch would otherwise wait for all of it; what still

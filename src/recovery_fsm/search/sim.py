@@ -57,8 +57,8 @@ _DUPLICABLE = (
 # The scheduler's moves that report the outcome of something the controller asked for.
 _ANSWERS = frozenset({
     "commit", "export_fails", "export_cancelled", "deleted", "standby_booted", "standby_loaded",
-    "standby_verified", "loaded", "load_fails", "relaunched", "relaunch_fails", "verified",
-    "late_verified",
+    "standby_verified", "loaded", "loaded_ahead", "loaded_synced", "load_fails", "relaunched",
+    "relaunch_fails", "verified", "late_verified",
 })  # fmt: skip
 _OF_A_STANDBY = frozenset({"StandbyBooted", "StandbyLoaded", "StandbyVerified"})
 
@@ -72,13 +72,15 @@ def _about(e: ev.Event) -> tuple[object, ...]:
         return (e.kind, e.standby)
     if isinstance(e, _OF_A_CHECKPOINT):
         return (e.kind, e.version)
+    if isinstance(e, ev.RestartLoaded):  # a claim's check may say what it found instead
+        return (e.kind, e.group, e.incarnation, e.version)
     assert isinstance(e, (*ev.LOAD_OUTCOMES, *ev.RELAUNCH_OUTCOMES, ev.GroupVerified))
     return (e.kind, e.group, e.incarnation)
 
 
 def _target_of(key: tuple[object, ...]) -> tuple[object, ...]:
     """The process (or checkpoint) a report's ``_about`` key names, its version aside."""
-    return key[1:2] if key[0] in _OF_A_STANDBY else key[1:]
+    return key[1:2] if key[0] in _OF_A_STANDBY else key[1:3]
 
 
 def _target(e: ev.Event) -> tuple[object, ...]:
@@ -304,6 +306,12 @@ class Sim:
                     out += [Action(SCHEDULER, k, g) for k in kinds]
             elif not w.loads[(g, i)].resumed:  # else its answer reports it
                 out += [Action(SCHEDULER, k, f"{g}#{i}") for k in ("loaded", "load_fails")]
+                load = w.loads[(g, i)]
+                if load.claim and load.path is None:  # a push reached it before its check:
+                    if w.fleet < s.max_version:  # one still in flight,
+                        out.append(Action(SCHEDULER, "loaded_ahead", f"{g}#{i}"))
+                    if load.version < w.fleet:  # or one whose sync has landed since
+                        out.append(Action(SCHEDULER, "loaded_synced", f"{g}#{i}"))
         for g, p in sorted(w.procs.items()):
             if p.verifying:
                 answers = w.answer(g) != "gone"
@@ -436,6 +444,10 @@ class Sim:
             g, i = _proc(t)
             if k == "loaded":
                 return ev.RestartLoaded(g, i, at=now)
+            if k == "loaded_ahead":
+                return ev.RestartLoaded(g, i, at=now, version=w.fleet + 1)
+            if k == "loaded_synced":
+                return ev.RestartLoaded(g, i, at=now, version=w.fleet)
             if k == "load_fails":
                 return ev.RestartLoadFailed(g, i, error="injected", at=now)
             if k == "relaunched":
@@ -585,6 +597,7 @@ class Sim:
             for i in range(max(1, p.incarnation - 1), p.incarnation + 2):
                 out += [
                     ev.RestartLoaded(g, i, at=now),
+                    *(ev.RestartLoaded(g, i, at=now, version=v) for v in (w.fleet, w.fleet + 1)),
                     ev.RestartLoadFailed(g, i, error="unasked", at=now),
                     ev.Relaunched(g, i, at=now),
                     ev.RelaunchFailed(g, i, error="unasked", at=now),

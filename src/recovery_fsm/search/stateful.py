@@ -75,6 +75,8 @@ COMPLETIONS = frozenset(
     {
         "commit",
         "loaded",
+        "loaded_ahead",
+        "loaded_synced",
         "relaunched",
         "deleted",
         "standby_booted",
@@ -102,6 +104,8 @@ RESUME = frozenset({"resume"})  # every current process found and answering
 # A resume that finds one process gone, one mute, or a stray beside them.
 FINDINGS = frozenset({"resume_gone", "resume_silent", "resume_stray"})
 UNPIN = frozenset({"unpin"})
+# A claim's check found the version of a push in flight, or of one whose sync landed since.
+AHEAD = frozenset({"loaded_ahead", "loaded_synced"})
 PIN = frozenset({"pin"})
 # "sync" here is a sync before the current version was exported at all.
 RARE = frozenset(
@@ -244,6 +248,35 @@ def race_search(
             for kind in ("loaded", "relaunched"):
                 self._step_if_enabled(Action(SCHEDULER, kind, current))
 
+        @precondition(lambda self: bool(_enabled(self.sim, AHEAD)))
+        @rule(data=st.data(), then=st.sampled_from(["sync", "sync_without", "tick"]))
+        def push_races_claim(self, data: st.DataObject, then: str) -> None:
+            """A claimed standby's check finds the version of the push in flight; then the
+            sync of that push lands (listing the group, or only the standby's old name), or
+            none does before the load deadline (its weights are then nobody's)."""
+            action: Action = data.draw(st.sampled_from(_enabled(self.sim, AHEAD)))
+            group = str(action.target).partition("#")[0]
+            self._check(self.sim.step(action))
+            if then == "tick":  # and C(v) commits, if it can, for the group to load it
+                load = self.sim.scope.config.deadline("load")
+                self._check(self.sim.step(Action(TRAINER, "tick", load)))
+                self._step_if_enabled(Action(TRAINER, "export"))
+                self._step_if_enabled(Action(SCHEDULER, "commit", self.sim.world.fleet))
+            else:
+                target = group if then == "sync_without" else None
+                if not self._step_if_enabled(Action(TRAINER, then, target)):
+                    self._step_if_enabled(Action(TRAINER, "sync"))
+
+        @precondition(lambda self: bool(_enabled(self.sim, AHEAD)))
+        @rule(data=st.data())
+        def sync_lands_before_claim_check(self, data: st.DataObject) -> None:
+            """The push reached a claimed standby and its sync lands (not listing the claim)
+            before the claim's check reports: the check finds the fleet's new version."""
+            action: Action = data.draw(st.sampled_from(_enabled(self.sim, AHEAD)))
+            # A claim is not up: a plain sync leaves it out too.
+            if self._step_if_enabled(Action(TRAINER, "sync")):
+                self._step_if_enabled(Action(SCHEDULER, "loaded_synced", action.target))
+
         @precondition(lambda self: bool(_enabled(self.sim, UNPIN)))
         @rule(data=st.data())
         def trainer_unpins(self, data: st.DataObject) -> None:
@@ -258,9 +291,7 @@ def race_search(
             the one before), with whatever the runtime had in flight."""
             self._take(data, RESUME)
 
-        @precondition(
-            lambda self: bool(_enabled(self.sim, RESUME) and _enabled(self.sim, PIN))
-        )
+        @precondition(lambda self: bool(_enabled(self.sim, RESUME) and _enabled(self.sim, PIN)))
         @rule(data=st.data())
         def trainer_resumes_with_pins(self, data: st.DataObject) -> None:
             """The user pinned checkpoints (the trainer keeps its own of those steps), a sync

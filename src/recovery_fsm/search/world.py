@@ -349,6 +349,16 @@ class World:
     def _abandoned(self, version: int | None) -> bool:
         return version is not None and self.resumed_at is not None and version > self.resumed_at
 
+    def _ahead(self, p: Proc) -> bool:
+        """It holds the version of a push in flight (found at its claim), whose sync is due
+        within the load deadline."""
+        return (
+            p.status == "up"
+            and p.holds is not None
+            and p.holds > self.fleet
+            and self.now - p.since < self.config.deadline("load")
+        )
+
     def _sync(self, e: ev.WeightsSynced) -> None:
         old = self.fleet
         clean = old in self.committed
@@ -440,8 +450,9 @@ class World:
             if load.path is not None:  # a claim that only failed its check read no checkpoint
                 self.recovery[e.group].cool()
             return
-        if load.path is None:  # a standby claimed as it is: it holds what it held
-            p.status, p.holds, p.since = "up", load.version, e.at
+        if load.path is None:  # a standby claimed as it is: it holds what it held, or what
+            ahead = e.version if isinstance(e, ev.RestartLoaded) else None  # a push brought
+            p.status, p.holds, p.since = "up", load.version if ahead is None else ahead, e.at
             return
         if load.path not in self.disk:
             out.append(f"group {e.group} finished loading {load.path}, which is not on disk")
@@ -669,6 +680,11 @@ class World:
         """The running process loads the current checkpoint: no restart, no budget."""
         self._check_source(f, out)
         p = self.procs[f.group]
+        if self._ahead(p):
+            out.append(
+                f"{f.group} loads C({f.version}) over version {p.holds}, which a push in "
+                "flight brought it and whose sync is still due"
+            )
         if p.incarnation != f.previous or p.status != "up" or p.holds == self.fleet:
             out.append(
                 f"{f.group}#{f.previous} asked to load C({f.version}) in place, but its "
@@ -777,6 +793,9 @@ class World:
             "relaunching": c.deadline("relaunch"),
         }
         for name, p in self.procs.items():
+            ahead = p.status == "up" and p.holds is not None and p.holds > self.fleet
+            if ahead and self.now - p.since >= c.deadline("load"):  # no sync reported it
+                p.holds = None  # its weights are nobody's
             limit = c.deadline("load") if p.verifying else limits.get(p.status)
             if limit is not None and self.now - p.since >= limit:
                 what = "waits for a checkpoint" if p.status == "down" else f"is {p.status}"
@@ -869,6 +888,11 @@ class World:
                     f"group {name} is {g.state} but its process #{p.incarnation} is {p.status} "
                     f"holding version {p.holds}; fleet is {self.fleet}"
                 )
+            if p.status == "up" and p.holds is None and g.version is not None:
+                out.append(
+                    f"group {name} is taken to hold version {g.version}; its process "
+                    f"#{p.incarnation} holds weights no sync or checkpoint vouches for"
+                )
             if (g.state in SERVING) != (self.routed.get(name) == g.incarnation):
                 out.append(
                     f"group {name} is {g.state} (#{g.incarnation}) but the router sends to "
@@ -890,6 +914,7 @@ class World:
                     f"expected {self.recovery[name].streak}"
                 )
             stale = p.status == "up" and p.holds != self.fleet and not self.closed
+            stale = stale and not self._ahead(p)  # it waits for the sync of what it holds
             if stale and expected == "enabled" and self._current_ready() and not p.verifying:
                 out.append(
                     f"group {name} holds version {p.holds} though C({self.fleet}) is "
