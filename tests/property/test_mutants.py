@@ -111,8 +111,8 @@ def test_hypothesis_finds_the_broken_controller_on_every_seed(name: str, number:
 # explorer's scope of one resume; Hypothesis finds them on every seed. A resume at a stale
 # epoch is a refusal, and so is an unasked report: the explorer sends none (the search's
 # wrong-event rule finds them). Its resume scope has no pins, so no pin the resume drops.
-# A claim ahead kept past its deadline shows only once C(v) then commits: depth 7 in the
-# standby world, 95 s here; Hypothesis finds it on every seed.
+# A claim ahead kept past its deadline is found by the explorer at depth 6 in the standby
+# world, but only after 65-95 s of exploring here; Hypothesis finds it on every seed.
 BEYOND_THE_EXPLORER = {
     "claim-ahead-kept-forever",
     "resume-unpins-the-past",
