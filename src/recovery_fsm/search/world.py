@@ -349,15 +349,13 @@ class World:
     def _abandoned(self, version: int | None) -> bool:
         return version is not None and self.resumed_at is not None and version > self.resumed_at
 
+    def _holds_ahead(self, p: Proc) -> bool:
+        """It is up holding a version above the fleet's (a push reached its claim first)."""
+        return p.status == "up" and p.holds is not None and p.holds > self.fleet
+
     def _ahead(self, p: Proc) -> bool:
-        """It holds the version of a push in flight (found at its claim), whose sync is due
-        within the load deadline."""
-        return (
-            p.status == "up"
-            and p.holds is not None
-            and p.holds > self.fleet
-            and self.now - p.since < self.config.deadline("load")
-        )
+        """... and that push's sync is still due: within the load deadline."""
+        return self._holds_ahead(p) and self.now - p.since < self.config.deadline("load")
 
     def _sync(self, e: ev.WeightsSynced) -> None:
         old = self.fleet
@@ -450,9 +448,9 @@ class World:
             if load.path is not None:  # a claim that only failed its check read no checkpoint
                 self.recovery[e.group].cool()
             return
-        if load.path is None:  # a standby claimed as it is: it holds what it held, or what
-            ahead = e.version if isinstance(e, ev.RestartLoaded) else None  # a push brought
-            p.status, p.holds, p.since = "up", load.version if ahead is None else ahead, e.at
+        if load.path is None:  # a standby claimed as it is: what it held, or what a push
+            found = e.version if isinstance(e, ev.RestartLoaded) else None  # brought it
+            p.status, p.holds, p.since = "up", load.version if found is None else found, e.at
             return
         if load.path not in self.disk:
             out.append(f"group {e.group} finished loading {load.path}, which is not on disk")
@@ -793,8 +791,7 @@ class World:
             "relaunching": c.deadline("relaunch"),
         }
         for name, p in self.procs.items():
-            ahead = p.status == "up" and p.holds is not None and p.holds > self.fleet
-            if ahead and self.now - p.since >= c.deadline("load"):  # no sync reported it
+            if self._holds_ahead(p) and not self._ahead(p):  # no sync reported that push
                 p.holds = None  # its weights are nobody's
             limit = c.deadline("load") if p.verifying else limits.get(p.status)
             if limit is not None and self.now - p.since >= limit:
