@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from budget import BUDGET, search_settings
+from budget import BUDGET, PROFILE, search_settings
 from hypothesis import seed
 from hypothesis.stateful import run_state_machine_as_test
 from variants import (
@@ -111,10 +111,7 @@ def test_hypothesis_finds_the_broken_controller_on_every_seed(name: str, number:
 # explorer's scope of one resume; Hypothesis finds them on every seed. A resume at a stale
 # epoch is a refusal, and so is an unasked report: the explorer sends none (the search's
 # wrong-event rule finds them). Its resume scope has no pins, so no pin the resume drops.
-# A claim ahead kept past its deadline is found by the explorer at depth 6 in the standby
-# world, but only after 65-95 s of exploring here; Hypothesis finds it on every seed.
 BEYOND_THE_EXPLORER = {
-    "claim-ahead-kept-forever",
     "resume-unpins-the-past",
     "stale-epoch-resume-accepted",
     "unasked-verification-accepted",
@@ -125,7 +122,17 @@ BEYOND_THE_EXPLORER = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(set(RULES_VARIANTS) - BEYOND_THE_EXPLORER))
+# Within the explorer's reach, but only after minutes of exploring here: the deep profile
+# explores these, CI leaves them to Hypothesis (found on every seed above). A claim ahead
+# kept past its deadline shows at depth 6 in the standby world (17 057 states, 65-95 s); a
+# resume that keeps the future at depth 6 in the resume world (50 296 states, 250-400 s).
+SLOW_TO_EXPLORE = {"claim-ahead-kept-forever", "resume-keeps-the-future"}
+EXPLORED_VARIANTS = set(RULES_VARIANTS) - BEYOND_THE_EXPLORER
+if PROFILE != "deep":
+    EXPLORED_VARIANTS -= SLOW_TO_EXPLORE
+
+
+@pytest.mark.parametrize("name", sorted(EXPLORED_VARIANTS))
 def test_explorer_finds_the_broken_controller_by_depth_8(name: str, tmp_path: Path) -> None:
     trace_dir = tmp_path / "traces"
     result = explore(8, explored(name), rules=load(name), journal_dir=trace_dir)

@@ -106,7 +106,9 @@ FINDINGS = frozenset({"resume_gone", "resume_silent", "resume_stray"})
 UNPIN = frozenset({"unpin"})
 # A claim's check found the version of a push in flight, or of one whose sync landed since.
 AHEAD = frozenset({"loaded_ahead", "loaded_synced"})
+PUSHED = frozenset({"loaded_ahead"})  # ... of a push still in flight
 PIN = frozenset({"pin"})
+STANDBY_UP = frozenset({"standby_booted", "standby_loaded", "standby_verified"})
 # "sync" here is a sync before the current version was exported at all.
 RARE = frozenset(
     {
@@ -125,6 +127,21 @@ RARE = frozenset(
 
 def _enabled(sim: Sim, kinds: frozenset[str]) -> list[Action]:
     return [a for a in sim.actions() if a.kind in kinds]
+
+
+def _claim_may_race(sim: Sim, kinds: frozenset[str]) -> bool:
+    """A claim's check may report ``kinds`` now, or a death now would claim a standby holding
+    the fleet's weights while a next version is still to be pushed."""
+    if _enabled(sim, kinds):
+        return True
+    return sim.world.fleet < sim.scope.max_version and _standby_may_serve(sim)
+
+
+def _standby_may_serve(sim: Sim) -> bool:
+    """A standby holds the fleet's weights, and a group may die now."""
+    w = sim.world
+    ready = any(s.status == "up" and s.holds == w.fleet for s in w.spares.values())
+    return ready and bool(_enabled(sim, FAILURES))
 
 
 def _deadlines(sim: Sim) -> list[float]:
@@ -242,36 +259,83 @@ def race_search(
             if not back_first:
                 self._restart_finishes(group)
 
+        @precondition(lambda self: _standby_may_serve(self.sim) and bool(_enabled(self.sim, SYNC)))
+        @rule(data=st.data())
+        def sync_outruns_standbys(self, data: st.DataObject) -> None:
+            """A sync lands and a group dies before the standby holding the version before
+            has loaded the new one in place: no claim may take it as it is."""
+            self._check(self.sim.step(Action(TRAINER, "sync")))
+            if _enabled(self.sim, FAILURES):
+                self._take(data, FAILURES)
+
+        @precondition(lambda self: bool(_enabled(self.sim, STANDBY_UP)))
+        @rule(data=st.data())
+        def standby_gets_ready(self, data: st.DataObject) -> None:
+            """A standby boots and loads the fleet's weights in one go. Drawn among every
+            other completion and mishap, a pool was more often exhausted by failed boots than
+            ready when a group died, and the races of a claim came up on some seeds only."""
+            action: Action = data.draw(st.sampled_from(_enabled(self.sim, STANDBY_UP)))
+            for kind in ("standby_booted", "standby_loaded", "standby_verified"):
+                self._step_if_enabled(Action(SCHEDULER, kind, action.target))
+
         def _restart_finishes(self, group: str) -> None:
             """The group's current start (a load or a cold start), if one runs, succeeds."""
             current = f"{group}#{self.sim.world.procs[group].incarnation}"
             for kind in ("loaded", "relaunched"):
                 self._step_if_enabled(Action(SCHEDULER, kind, current))
 
-        @precondition(lambda self: bool(_enabled(self.sim, AHEAD)))
-        @rule(data=st.data(), then=st.sampled_from(["sync", "sync_without", "tick"]))
-        def push_races_claim(self, data: st.DataObject, then: str) -> None:
-            """A claimed standby's check finds the version of the push in flight; then the
-            sync of that push lands (listing the group, or only the standby's old name), or
-            none does before the load deadline (its weights are then nobody's)."""
-            action: Action = data.draw(st.sampled_from(_enabled(self.sim, AHEAD)))
-            group = str(action.target).partition("#")[0]
+        def _claim_ahead(self, data: st.DataObject) -> Action | None:
+            """A claim whose check finds the version of the push in flight: one running, or
+            (a standby holding the fleet's weights, a next version to push) the claim of a
+            group dying now. Drawn move by move, a ready standby, a death and the push come
+            together on some seeds only."""
+            if not _enabled(self.sim, PUSHED):
+                self._take(data, FAILURES)
+            ahead = _enabled(self.sim, PUSHED)
+            if not ahead:
+                return None
+            action: Action = data.draw(st.sampled_from(ahead))
             self._check(self.sim.step(action))
-            if then == "tick":  # and C(v) commits, if it can, for the group to load it
-                load = self.sim.scope.config.deadline("load")
-                self._check(self.sim.step(Action(TRAINER, "tick", load)))
-                self._step_if_enabled(Action(TRAINER, "export"))
-                self._step_if_enabled(Action(SCHEDULER, "commit", self.sim.world.fleet))
-            else:
-                target = group if then == "sync_without" else None
-                if not self._step_if_enabled(Action(TRAINER, then, target)):
-                    self._step_if_enabled(Action(TRAINER, "sync"))
+            return action
 
-        @precondition(lambda self: bool(_enabled(self.sim, AHEAD)))
+        @precondition(lambda self: _claim_may_race(self.sim, PUSHED))
+        @rule(data=st.data(), listed=st.booleans())
+        def push_races_claim(self, data: st.DataObject, listed: bool) -> None:
+            """A claimed standby's check finds the version of the push in flight; then the
+            sync of that push lands, listing the group or only the standby's old name."""
+            action = self._claim_ahead(data)
+            if action is None:
+                return
+            group = None if listed else str(action.target).partition("#")[0]
+            if not self._step_if_enabled(
+                Action(TRAINER, "sync_without" if group else "sync", group)
+            ):
+                self._step_if_enabled(Action(TRAINER, "sync"))
+
+        @precondition(lambda self: _claim_may_race(self.sim, PUSHED))
+        @rule(data=st.data())
+        def claim_outlives_push(self, data: st.DataObject) -> None:
+            """A claimed standby's check finds the version of the push in flight, and no sync
+            of it lands by the load deadline: its weights are nobody's, and C(v) commits, if
+            it can, for the group to load it. A rule of its own: as a draw within the rule
+            above it came up on some seeds only."""
+            if self._claim_ahead(data) is None:
+                return
+            self._check(
+                self.sim.step(Action(TRAINER, "tick", self.sim.scope.config.deadline("load")))
+            )
+            self._step_if_enabled(Action(TRAINER, "export"))
+            self._step_if_enabled(Action(SCHEDULER, "commit", self.sim.world.fleet))
+
+        @precondition(lambda self: _claim_may_race(self.sim, AHEAD))
         @rule(data=st.data())
         def sync_lands_before_claim_check(self, data: st.DataObject) -> None:
             """The push reached a claimed standby and its sync lands (not listing the claim)
             before the claim's check reports: the check finds the fleet's new version."""
+            if not _enabled(self.sim, AHEAD):
+                self._take(data, FAILURES)
+            if not _enabled(self.sim, AHEAD):
+                return
             action: Action = data.draw(st.sampled_from(_enabled(self.sim, AHEAD)))
             # A claim is not up: a plain sync leaves it out too.
             if self._step_if_enabled(Action(TRAINER, "sync")):
@@ -312,20 +376,16 @@ def race_search(
         @precondition(
             lambda self: bool(_enabled(self.sim, RESUME) and _enabled(self.sim, FAILURES))
         )
-        @rule(data=st.data(), then=st.sampled_from(["late", "twice", "tick", "answer"]))
+        @rule(data=st.data(), then=st.sampled_from(["late", "tick", "answer"]))
         def crash_during_restart(self, data: st.DataObject, then: str) -> None:
             """Once the current version committed, a group dies and the trainer crashes while
-            its restart runs (with ``twice`` two die, one beyond a standby). ``late``: it
-            resumes at the fleet's version, syncs and exports the next, and the restarted
-            process answers after its deadline, when it was killed. ``twice``: it resumes at
-            the version before, the re-run syncs that number again and crashes and resumes at
-            it, and a group dies. ``tick``: it resumes at the version before and time runs to
-            the deadline. ``answer``: it resumes at the version before, the re-run syncs that
-            number again, and only then do the processes answer, holding the dead run's."""
+            its restart runs. ``late``: it resumes at the fleet's version, syncs and exports
+            the next, and the restarted process answers after its deadline, when it was
+            killed. ``tick``: it resumes at the version before and time runs to the deadline.
+            ``answer``: it resumes at the version before, the re-run syncs that number again,
+            and only then do the processes answer, holding the dead run's."""
             self._step_if_enabled(Action(TRAINER, "export"))  # a restart from C(v) is leased
             self._step_if_enabled(Action(SCHEDULER, "commit", self.sim.world.fleet))
-            if then == "twice":  # one beyond a standby's claim
-                self._take(data, FAILURES)
             if _enabled(self.sim, FAILURES):
                 self._take(data, FAILURES)
             by_version = sorted(_enabled(self.sim, RESUME), key=lambda a: int(a.target or 0))
@@ -338,17 +398,43 @@ def race_search(
             if then == "answer":
                 for answer in _enabled(self.sim, frozenset({"verified", "standby_verified"})):
                     self._step_if_enabled(answer)
-            elif then == "twice":
-                again = sorted(_enabled(self.sim, RESUME), key=lambda a: int(a.target or 0))
-                if again:
-                    self._check(self.sim.step(again[-1]))
-                if _enabled(self.sim, FAILURES):
-                    self._take(data, FAILURES)
             else:
                 load = self.sim.scope.config.deadline("load")
                 self._check(self.sim.step(Action(TRAINER, "tick", load)))
                 for late in _enabled(self.sim, frozenset({"late_verified"})):
                     self._step_if_enabled(late)
+
+        @precondition(
+            lambda self: (
+                self.sim.resumes + 2 <= self.sim.scope.resumes
+                and bool(_enabled(self.sim, FAILURES))
+            )
+        )
+        @rule(data=st.data())
+        def crash_back_and_forth(self, data: st.DataObject) -> None:
+            """Two groups die once C(v) committed (one beyond a standby's claim, so a restart
+            reads C(v)), the trainer crashes and resumes at the version before, the re-run
+            syncs v again, crashes and resumes at v, and a group dies: the dead run's C(v),
+            still read, is not v's weights. A rule of its own (as one branch of the rule
+            above, it was drawn too rarely to be found on every seed)."""
+            if self.sim.world.fleet == 0:  # a version before to go back to
+                self._step_if_enabled(Action(TRAINER, "export"))
+                self._step_if_enabled(Action(SCHEDULER, "commit", 0))
+                self._step_if_enabled(Action(TRAINER, "sync"))
+            self._step_if_enabled(Action(TRAINER, "export"))  # a restart from C(v) is leased
+            self._step_if_enabled(Action(SCHEDULER, "commit", self.sim.world.fleet))
+            for _ in range(2):
+                if _enabled(self.sim, FAILURES):
+                    self._take(data, FAILURES)
+            for last in (False, True):
+                by_version = sorted(_enabled(self.sim, RESUME), key=lambda a: int(a.target or 0))
+                if not by_version:
+                    return
+                self._check(self.sim.step(by_version[-1 if last else 0]))
+                if not last:
+                    self._step_if_enabled(Action(TRAINER, "sync"))
+            if _enabled(self.sim, FAILURES):
+                self._take(data, FAILURES)
 
         @precondition(lambda self: bool(_enabled(self.sim, FAILURES)))
         @rule(data=st.data())
