@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -47,6 +47,10 @@ def _check(cond: bool, what: str, value: object) -> None:
         raise BadSampling(f"{what}, got {value!r}")
 
 
+def _token_ids(ids: Iterable[int]) -> tuple[int, ...]:
+    return tuple(ids)  # a typed converter: checked in __attrs_post_init__
+
+
 @attrs.frozen
 class Sampling:
     """How to sample, as vLLM and the OpenAI API name it. ``temperature=0`` is greedy
@@ -60,7 +64,7 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     n: int = 1
-    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_token_ids)
     seed: int | None = None
     logprobs: int = 0
 
