@@ -24,7 +24,12 @@ httpx = pytest.importorskip("httpx")
 
 from test_rollouts import Versions, make, slow_engine  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: E402
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+)
 
 from recovery_fsm.serve import FrontLimits, OpenAIFront  # noqa: E402
 from recovery_fsm.serve.openai_front import VERSION_HEADER  # noqa: E402
@@ -67,11 +72,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tmp = tmp_path_factory.mktemp("front")
     versions, tok = Versions(), small_tokenizer()
     (tmp / "flags").mkdir()
-    rt = make(tmp, engine=slow_engine(tmp / "flags"))
+    rt = make(tmp, engine=slow_engine(tmp / "flags"), tokenizer=tok)
     rt.start(versions.model)
     versions.step(1)
     rt.sync(versions.model, 1)
-    front = OpenAIFront(rt, model="policy", tokenizer=tok, api_key="sk-test").start()
+    front = OpenAIFront(rt, model="policy", api_key="sk-test").start()  # the runtime's tokenizer
     yield rt, versions, tok, front, tmp / "flags"
     front.stop()
     rt.close()
@@ -146,6 +151,23 @@ def test_text_and_chat_prompts_go_through_the_tokenizer_and_its_template(served:
         assert again.choices[0].model_extra["token_ids"] == tokens
 
 
+def test_every_checkpoint_carries_the_trainers_tokenizer_and_its_chat_template(
+    served: Any,
+) -> None:
+    rt, _versions, tok, _front, _flags = served
+    wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", 60, "export of v1")
+    path = rt.store.root / "step-1"
+    saved = AutoTokenizer.from_pretrained(str(path))
+    text = "the engine samples tokens"
+    assert saved.encode(text) == tok.encode(text)
+    messages = [{"role": "user", "content": "the fleet"}]
+    assert saved.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == (
+        tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    )
+    manifest = json.loads((path / "recovery_manifest.json").read_text())
+    assert "tokenizer.json" in manifest["files"]  # recorded and digested like the weights
+
+
 def test_a_stream_carries_each_choice_whole_with_its_certificate(served: Any) -> None:
     _rt, _versions, _tok, front, _flags = served
     c = client(front)
@@ -214,7 +236,7 @@ def test_bad_requests_get_a_400_saying_what_was_expected_and_touch_nothing(serve
         ({**good, "prompt": list(range(5000))}, "at most 4096 tokens"),
         ({**good, "prompt": [1, 2, 500]}, "token ids in [0, 128)"),
         ({**good, "prompt": []}, "1 to 64 prompts, got 0"),
-            ({**good, "prompt": [[1], []]}, "at least one token"),
+        ({**good, "prompt": [[1], []]}, "at least one token"),
         ({**good, "stop": ["a", "b", "c", "d", "e"]}, "stop must be up to 4"),
     ]
     for body, expected in cases:

@@ -96,6 +96,8 @@ class RecoveryRuntime(RuntimeViews):
     current only from the commit on). ``in_flight``: what a sync does to rollout calls in
     flight, ``"wait"`` for them (within ``push_timeout_s``) or ``"abort"`` them (they are
     issued again at the new version); either way no new call starts until the sync ends.
+    ``tokenizer``: the trainer's, saved beside every recovery checkpoint (an engine booted
+    from one can serve text and apply the chat template), and the HTTP front's by default.
     """
 
     def __init__(
@@ -129,7 +131,9 @@ class RecoveryRuntime(RuntimeViews):
         run: str | None = None,
         in_flight: str = "wait",
         takeover: Takeover | None = None,
+        tokenizer: Any = None,
     ) -> None:
+        self.tokenizer = tokenizer
         self.groups = list(groups)
         self.model_config = config_dict(model_config)
         self.config = checked_options(config or RecoveryConfig(), standby, standby_push,
@@ -320,7 +324,8 @@ class RecoveryRuntime(RuntimeViews):
         canary: Canary | None = None,
     ) -> ExportHandle:
         """Report that ``groups`` (name -> incarnation) took ``version``, then export it as
-        its recovery checkpoint (``pinned``: never deleted; ``tokenizer``: saved beside it).
+        its recovery checkpoint (``pinned``: never deleted; ``tokenizer``: saved beside it,
+        the runtime's if not given).
         ``model`` is a transformers model, or full weights in the hub layout (gathered from
         FSDP or Megatron shards) with their ``config`` and ``canary``
         (``export.canary.of_model`` on the full model: what admission compares engines with;
@@ -337,8 +342,9 @@ class RecoveryRuntime(RuntimeViews):
         # the link's thread, behind what was queued before it (a slow user router delays it).
         if not self.router.wait_routed(effects, self.call_timeout_s):
             log.warning("synced(%d): routing not applied in %.0f s", version, self.call_timeout_s)
+        tok = self.tokenizer if tokenizer is None else tokenizer
         return self.weights.export(self.exporter, version, model, pinned=pinned, config=config,
-                                   tokenizer=tokenizer, canary=canary)  # fmt: skip
+                                   tokenizer=tok, canary=canary)  # fmt: skip
 
     def pin(self, version: int) -> None:
         """Keep checkpoint ``version`` on disk (its trainer checkpoint is kept too)."""

@@ -399,8 +399,10 @@ def build_app(
     api_key: str | None = None,
     limits: FrontLimits | None = None,
 ) -> FastAPI:
-    """The ASGI app: serve it with any ASGI server, or let ``OpenAIFront`` run it."""
-    front = _Front(runtime, model, tokenizer, api_key, limits or FrontLimits())
+    """The ASGI app: serve it with any ASGI server, or let ``OpenAIFront`` run it.
+    ``tokenizer``: the runtime's if not given; without one, prompts are token ids only."""
+    tok = getattr(runtime, "tokenizer", None) if tokenizer is None else tokenizer
+    front = _Front(runtime, model, tok, api_key, limits or FrontLimits())
     app = FastAPI(title="recovery-fsm", docs_url=None, redoc_url=None, openapi_url=None)
     retry = {"Retry-After": str(front.limits.retry_after_s)}
 
