@@ -229,11 +229,15 @@ class RemoteLink:
         return effects
 
     def _take_and_run(self, max_wait_s: float) -> int:
+        # The wait for a batch holds no lock: held across it, the reader thread took the
+        # pump back at once after each empty wait, and ``join``/``close`` starved for
+        # minutes behind it. Two takers may then get the same batch: the numbers, checked
+        # under the pump, run each effect once.
+        batch = ray.get(
+            self.actor.take_effects.remote(self._acked, max_wait_s),
+            timeout=self._timeout + max_wait_s,
+        )
         with self._pump:
-            batch = ray.get(
-                self.actor.take_effects.remote(self._acked, max_wait_s),
-                timeout=self._timeout + max_wait_s,
-            )
             for number, effect in batch:
                 if number <= self._acked:
                     continue
