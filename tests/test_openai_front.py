@@ -358,3 +358,31 @@ def test_requests_in_flight_when_an_engine_dies_are_answered_once_from_the_train
         assert cert["group"] == "g1" or cert["incarnation"] > 1, cert
     assert rt.statistics().rollouts.reissued > before
     wait_for(lambda: serving(rt, "g0"), 120, "g0 serving again")
+
+
+def test_requests_across_a_sync_wait_for_it_and_each_answer_is_one_version(served: Any) -> None:
+    """A sync while async clients send requests: the sync's gate holds new engine calls,
+    every request is answered, each at the version before or after, from those weights."""
+    rt, versions, _tok, front, _flags = served
+
+    async def across() -> list[Any]:
+        c = openai.AsyncOpenAI(base_url=f"{front.url}/v1", api_key="sk-test", max_retries=0)
+        prompts = [[3 + i, 8, 1] for i in range(12)]
+        tasks = []
+        for k, p in enumerate(prompts):
+            create = c.completions.create(model="policy", prompt=p, max_tokens=6, logprobs=0)
+            tasks.append(asyncio.ensure_future(create))
+            if k == 4:  # the sync lands among them, while calls are in flight
+                while rt.rollouts.gate.in_flight() == 0:
+                    await asyncio.sleep(0.01)
+                versions.step(2)
+                await asyncio.to_thread(rt.sync, versions.model, 2)
+        answers = await asyncio.gather(*tasks)
+        await c.close()
+        return list(zip(prompts, answers, strict=True))
+
+    seen = set()
+    for prompt, answer in asyncio.run(across()):
+        check_choice(versions, prompt, answer.choices[0], 0)
+        seen.add(answer.choices[0].model_extra["certificate"]["version"])
+    assert seen == {1, 2}

@@ -39,6 +39,7 @@ from recovery_fsm.export import AsyncHFExporter, CheckpointStore, canary  # noqa
 from recovery_fsm.ray import Policy, RecoveryRuntime, Sampling  # noqa: E402
 from recovery_fsm.ray.vllm_engine import VLLMEngine  # noqa: E402
 from recovery_fsm.search.replay import replay  # noqa: E402
+from recovery_fsm.serve import OpenAIFront  # noqa: E402
 
 wait_for = functools.partial(_wait_for, timeout=180.0)  # engine boots take longer
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -316,6 +317,64 @@ def flagged(flags: str) -> type[VLLMEngine]:
     return FlaggedVLLM
 
 
+class Traffic:
+    """Requests through the OpenAI front with the ``openai`` client, one at a time on a
+    thread, for as long as it runs: what a client saw of each."""
+
+    def __init__(self, url: str) -> None:
+        import openai
+
+        self.openai = openai
+        self.client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        self.seen: list[tuple[list[int], int, Any]] = []  # prompt, status, answer
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            prompt = [1 + i % 50, 40, 7]
+            try:
+                answer = self.client.completions.create(
+                    model="policy", prompt=prompt, max_tokens=6, temperature=1.0, logprobs=0
+                )
+                self.seen.append((prompt, 200, answer))
+            except self.openai.APIStatusError as e:
+                self.seen.append((prompt, e.status_code, e.body))
+            i += 1
+            time.sleep(0.2)
+
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(180)
+
+    def check(self, states: dict[int, dict[str, Any]]) -> int:
+        """Every answer is a 200 whose log-probabilities are the trainer's at the version
+        its certificate names, or a 503 (no group serving); returns how many answered."""
+        probe = trainer()
+        answered = 0
+        for prompt, status, answer in self.seen:
+            assert status in (200, 503), (status, answer)
+            if status != 200:
+                continue
+            [choice] = answer.choices
+            version = choice.model_extra["certificate"]["version"]
+            probe.load_state_dict(states[version])
+            tokens = choice.model_extra["token_ids"]
+            want = logprobs_of(probe, prompt, tokens)
+            assert choice.logprobs.token_logprobs == pytest.approx(want, abs=2e-3), version
+            answered += 1
+        return answered
+
+
+def snapshot(model: Any) -> dict[str, Any]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
 def test_vllm_groups_recover_from_checkpoints_refuse_what_the_canary_refuses_and_syncs_never_wait(
     tmp_path: Path,
 ) -> None:
@@ -333,9 +392,13 @@ def test_vllm_groups_recover_from_checkpoints_refuse_what_the_canary_refuses_and
     with rt:
         rt.start(model)
         step(model)
+        states = {1: snapshot(model)}  # the trainer's weights at each version it syncs
         assert rt.sync(model, 1) == {"g0": 1, "g1": 1}
         wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="C(1)")
         assert rt.generate("g0", PROMPT).tokens == greedy(model)
+        # An OpenAI client sends requests through the front throughout what follows.
+        front = OpenAIFront(rt).start()
+        traffic = Traffic(front.url).__enter__()
 
         # A kill: g0 boots from the committed C(1) and serves the same tokens.
         rt.kill("g0")
@@ -352,6 +415,7 @@ def test_vllm_groups_recover_from_checkpoints_refuse_what_the_canary_refuses_and
         assert rt.controller.recovery_state("g0") == "cooldown" and rt.routes["g0"] is None
         (flags / "g0.boot").unlink()
         step(model)
+        states[2] = snapshot(model)
         assert set(rt.sync(model, 2)) == {"g0", "g1"}
         assert rt.generate("g0", PROMPT).tokens == greedy(model)
         wait_for(lambda: rt.controller.checkpoint_state(2) == "ready", what="C(2)")
@@ -360,6 +424,7 @@ def test_vllm_groups_recover_from_checkpoints_refuse_what_the_canary_refuses_and
         # within its bound; g1 comes back from C(3).
         (flags / "g1.push").write_text("die")
         step(model)
+        states[3] = snapshot(model)
         began = time.monotonic()
         assert rt.sync(model, 3) == {"g0": rt.controller.incarnation("g0")}
         assert time.monotonic() - began < rt.push_timeout_s + 10.0
@@ -374,6 +439,7 @@ def test_vllm_groups_recover_from_checkpoints_refuse_what_the_canary_refuses_and
         rt.kill("g1")
         wait_for(lambda: state("g1") == "loading", what="g1 loading C(3)")
         step(model)
+        states[4] = snapshot(model)
         rt.sync(model, 4)
         wait_for(lambda: rt.controller.checkpoint_state(4) == "ready", what="C(4)")
         booted_as = rt.controller.incarnation("g1")
@@ -390,6 +456,7 @@ def test_vllm_groups_recover_from_checkpoints_refuse_what_the_canary_refuses_and
         rt.monitor.pause()
         (flags / "g0.push").write_text("hang")
         step(model)
+        states[5] = snapshot(model)
         began = time.monotonic()
         assert rt.sync(model, 5) == {"g1": rt.controller.incarnation("g1")}
         assert time.monotonic() - began < rt.push_timeout_s + 10.0
@@ -398,6 +465,10 @@ def test_vllm_groups_recover_from_checkpoints_refuse_what_the_canary_refuses_and
         wait_for(lambda: serving(rt, "g0") and rt.controller.group("g0").version == 5,
                  what="g0 caught up to 5")  # fmt: skip
         assert rt.generate("g0", PROMPT).tokens == greedy(model)
+        traffic.__exit__()
+        front.stop()
+        # Each answer was the trainer's weights at its version, or a documented 503.
+        assert traffic.check(states) >= 10
         stats = rt.statistics()
         assert stats.safety.loads_from_deleted == 0
     refused = [
