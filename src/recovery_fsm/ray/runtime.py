@@ -96,8 +96,7 @@ class RecoveryRuntime(RuntimeViews):
     current only from the commit on). ``in_flight``: what a sync does to rollout calls in
     flight, ``"wait"`` for them (within ``push_timeout_s``) or ``"abort"`` them (they are
     issued again at the new version); either way no new call starts until the sync ends.
-    ``tokenizer``: the trainer's, saved beside every recovery checkpoint (an engine booted
-    from one can serve text and apply the chat template), and the HTTP front's by default.
+    ``tokenizer``: saved beside every recovery checkpoint; the HTTP front's by default.
     """
 
     def __init__(
@@ -324,12 +323,10 @@ class RecoveryRuntime(RuntimeViews):
         canary: Canary | None = None,
     ) -> ExportHandle:
         """Report that ``groups`` (name -> incarnation) took ``version``, then export it as
-        its recovery checkpoint (``pinned``: never deleted; ``tokenizer``: saved beside it,
-        the runtime's if not given).
+        its recovery checkpoint (``pinned``: never deleted; ``tokenizer``: saved with it).
         ``model`` is a transformers model, or full weights in the hub layout (gathered from
-        FSDP or Megatron shards) with their ``config`` and ``canary``
-        (``export.canary.of_model`` on the full model: what admission compares engines with;
-        a model's own is computed here unless given)."""
+        FSDP or Megatron shards) with their ``config`` and ``canary`` (``canary.of_model`` on
+        the full model: what admission compares engines with; computed here for a model)."""
         self.failstop.check()
         if self.exporter.closed:
             raise ExporterClosed(f"synced({version}) after the runtime's exporter was closed")
