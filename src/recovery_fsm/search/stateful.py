@@ -284,18 +284,21 @@ def race_search(
             for kind in ("loaded", "relaunched"):
                 self._step_if_enabled(Action(SCHEDULER, kind, current))
 
-        def _claim_ahead(self, data: st.DataObject) -> Action | None:
-            """A claim whose check finds the version of the push in flight: one running, or
-            (a standby holding the fleet's weights, a next version to push) the claim of a
-            group dying now. Drawn move by move, a ready standby, a death and the push come
-            together on some seeds only."""
-            if not _enabled(self.sim, PUSHED):
+        def _claim_in_check(self, data: st.DataObject, kinds: frozenset[str]) -> Action | None:
+            """A claim whose check may report ``kinds``: one running, or (a standby holding
+            the fleet's weights, a next version to push) the claim of a group dying now.
+            Drawn move by move, a ready standby, a death and the push come together on some
+            seeds only."""
+            if not _enabled(self.sim, kinds):
                 self._take(data, FAILURES)
-            ahead = _enabled(self.sim, PUSHED)
-            if not ahead:
-                return None
-            action: Action = data.draw(st.sampled_from(ahead))
-            self._check(self.sim.step(action))
+            running = _enabled(self.sim, kinds)
+            return data.draw(st.sampled_from(running)) if running else None
+
+        def _claim_ahead(self, data: st.DataObject) -> Action | None:
+            """The check of such a claim finds the version of the push in flight."""
+            action = self._claim_in_check(data, PUSHED)
+            if action is not None:
+                self._check(self.sim.step(action))
             return action
 
         @precondition(lambda self: _claim_may_race(self.sim, PUSHED))
@@ -332,11 +335,9 @@ def race_search(
         def sync_lands_before_claim_check(self, data: st.DataObject) -> None:
             """The push reached a claimed standby and its sync lands (not listing the claim)
             before the claim's check reports: the check finds the fleet's new version."""
-            if not _enabled(self.sim, AHEAD):
-                self._take(data, FAILURES)
-            if not _enabled(self.sim, AHEAD):
+            action = self._claim_in_check(data, AHEAD)
+            if action is None:
                 return
-            action: Action = data.draw(st.sampled_from(_enabled(self.sim, AHEAD)))
             # A claim is not up: a plain sync leaves it out too.
             if self._step_if_enabled(Action(TRAINER, "sync")):
                 self._step_if_enabled(Action(SCHEDULER, "loaded_synced", action.target))

@@ -166,7 +166,6 @@ class _Clients:
 @attrs.frozen
 class _Choice:
     index: int
-    prompt: int  # which prompt of the request
     tokens: tuple[int, ...]
     logprobs: tuple[float, ...]
     top_logprobs: tuple[dict[int, float], ...] | None
@@ -222,7 +221,7 @@ class _Front:
             )
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         ids = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):  # a BatchEncoding on some versions
+        if hasattr(ids, "keys"):  # a dict or BatchEncoding on some versions
             ids = ids["input_ids"]
         return self.encode(list(ids), "messages")
 
@@ -288,7 +287,7 @@ class _Front:
         except RecoveryError as e:  # the runtime stopped (fail-stop) or is closing
             raise _Refused(503, f"the runtime is not serving: {e}", "service_unavailable") from e
         out: list[_Choice] = []
-        for p, r in enumerate(results):
+        for r in results:
             for s in r.samples:
                 tokens, lps, tops, reason = s.tokens, s.logprobs, s.top_logprobs, s.finish_reason
                 text = None
@@ -299,7 +298,7 @@ class _Front:
                         tops = None if tops is None else tops[: len(tokens)]
                         reason = "stop"
                 cert = attrs.asdict(s.certificate)
-                out.append(_Choice(len(out), p, tokens, lps, tops, text, reason, cert))
+                out.append(_Choice(len(out), tokens, lps, tops, text, reason, cert))
         return out
 
     def _stop_at(
