@@ -193,9 +193,11 @@ def test_a_stream_carries_each_choice_whole_with_its_certificate(served: Any) ->
     assert tokens["version"] == 1
 
 
-def test_many_async_clients_are_answered_once_each_at_the_fleets_version(served: Any) -> None:
+def test_many_async_clients_are_merged_into_few_calls_and_answered_once_each(
+    served: Any,
+) -> None:
     rt, versions, _tok, front, _flags = served
-    before = rt.statistics().rollouts.calls
+    before = rt.statistics().rollouts
 
     async def many() -> list[Any]:
         c = openai.AsyncOpenAI(base_url=f"{front.url}/v1", api_key="sk-test", max_retries=0)
@@ -210,7 +212,10 @@ def test_many_async_clients_are_answered_once_each_at_the_fleets_version(served:
 
     for prompt, answer in asyncio.run(many()):
         check_choice(versions, prompt, answer.choices[0], 0)
-    assert rt.statistics().rollouts.calls == before + 12
+    after = rt.statistics().rollouts
+    assert after.prompts == before.prompts + 12  # each asked once
+    # Requests that came while the groups were busy went together (one call each: 12).
+    assert after.calls - before.calls < 12, after.calls - before.calls
 
 
 def _post(front: OpenAIFront, path: str, body: Any, key: str | None = "sk-test") -> Any:

@@ -53,11 +53,14 @@ IN_FLIGHT_MODES = ("wait", "abort")
 
 class RolloutFailed(RecoveryError):
     """Prompts the policy could not answer: no group served what it asks for before the
-    deadline, or they were issued ``attempts`` times. ``prompts``: their indices."""
+    deadline, or they were issued ``attempts`` times. ``prompts``: their indices.
+    ``refused``: an engine refused the request itself (a prompt too long for it), so no
+    retry could answer it; else the fleet did not."""
 
-    def __init__(self, message: str, prompts: Sequence[int]) -> None:
+    def __init__(self, message: str, prompts: Sequence[int], refused: bool = False) -> None:
         super().__init__(message)
         self.prompts = tuple(prompts)
+        self.refused = refused
 
 
 class RolloutInLoop(RecoveryError):
@@ -272,6 +275,9 @@ class RolloutClient:
         k = next(self._turn) % len(out) if out else 0
         return out[k:] + out[:k]  # round robin over calls
 
+    def groups_serving(self) -> int:
+        return sum(r is not None for r in self._routes().values())
+
     def fleet_version(self) -> int | None:
         versions = [r[1] for r in self._routes().values() if r is not None]
         return max(versions) if versions else None
@@ -344,7 +350,7 @@ class _Call:
                 for k, route in enumerate(routes[: len(pending)])
             ))  # fmt: skip
             if self.fatal is not None:
-                self._fail(pending, self.fatal)
+                self._fail(pending, self.fatal, refused=True)
             if not any(issued):
                 await asyncio.sleep(0.02)  # routes without actors, or a gate just closed
         self.c.count(calls=1, prompts=len(self.prompts),
@@ -372,10 +378,10 @@ class _Call:
             await asyncio.sleep(0.02)
         return got
 
-    def _fail(self, prompts: list[int], why: str) -> None:
+    def _fail(self, prompts: list[int], why: str, refused: bool = False) -> None:
         self.c.count(failed_by_policy=len(prompts))
         raise RolloutFailed(f"prompts {prompts[:8]}{'...' if len(prompts) > 8 else ''}: {why}",
-                            prompts)  # fmt: skip
+                            prompts, refused)  # fmt: skip
 
     async def _issue(self, route: _Route, chunk: list[int]) -> bool:
         """One engine call for ``chunk`` on ``route``; keeps what it may, else they owe.

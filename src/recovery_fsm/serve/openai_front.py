@@ -8,7 +8,8 @@ goes only to a process the controller routes, a call whose engine dies or hangs 
 again, a sync's pause mode holds it like any rollout, and every choice carries the
 certificate of the process and weight version that produced it (in the body, and the
 version in the ``X-Recovery-Version`` header). A response is one version: the front asks
-``Policy(version="same")``.
+``Policy(version="same")``. Concurrent requests of the same sampling are merged into one
+rollout call (``batching.py``), as an engine's own server steps them together.
 
 Why FastAPI and uvicorn, not Ray Serve: the front lives in the process that owns the
 runtime (the trainer's, or ``recovery-fsm serve``'s) and reads its routes directly; Ray
@@ -38,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .. import RecoveryError
 from ..ray import BadSampling, Policy, PromptSamples, RolloutFailed, Sampling
+from .batching import Batcher
 
 VERSION_HEADER = "X-Recovery-Version"
 CERTIFICATES_HEADER = "X-Recovery-Certificates"
@@ -57,6 +59,8 @@ class FrontLimits:
     deadline_s: float = 60.0
     request_timeout_s: float = 30.0
     retry_after_s: int = 1
+    batch_prompts: int = 256  # concurrent requests merged into one engine call, at most
+    batch_gather_s: float = 0.002  # how long a call waits for company before it is sent
 
 
 # -- requests: unknown fields are refused, as everything else that is not what we take ----
@@ -187,6 +191,15 @@ class _Front:
         self.limits = limits
         self.clients = _Clients(limits.in_flight_per_client)
         self.created = int(time.time())
+        policy = Policy(
+            version="same",
+            deadline_s=limits.deadline_s,
+            request_timeout_s=limits.request_timeout_s,
+        )
+        self.batcher = Batcher(
+            runtime.arollout, policy, max_prompts=limits.batch_prompts,
+            calls_per_lane=runtime.rollouts.groups_serving, gather_s=limits.batch_gather_s,
+        )  # fmt: skip
 
     # -- from a request to prompts and sampling ---------------------------------------------
 
@@ -273,13 +286,8 @@ class _Front:
     ) -> list[_Choice]:
         if self.rt.rollouts.fleet_version() is None:
             raise _Refused(503, "no group is serving now: retry", kind="service_unavailable")
-        policy = Policy(
-            version="same",
-            deadline_s=self.limits.deadline_s,
-            request_timeout_s=self.limits.request_timeout_s,
-        )
         try:
-            results: list[PromptSamples] = await self.rt.arollout(prompts, sampling, policy)
+            results: list[PromptSamples] = await self.batcher.submit(prompts, sampling)
         except BadSampling as e:
             raise _Refused(400, str(e), param="prompt") from None
         except RolloutFailed as e:
