@@ -1,4 +1,4 @@
-"""``recovery-fsm``: the chaos demo, timelines, diagrams, replay, search."""
+"""``recovery-fsm``: the chaos demo, timelines, diagrams, replay, search, an HTTP front."""
 
 from __future__ import annotations
 
@@ -328,4 +328,7 @@ def _parser() -> argparse.ArgumentParser:
                         "seconds (the deadlines are 10, 15 and 20 s)")  # fmt: skip
     x.add_argument("--journal-dir", default=None, help="write a counterexample journal here")
     x.set_defaults(func=_explore)
+    from .serve import add_parser
+
+    add_parser(sub, _positive, _at_least_0)
     return parser
