@@ -38,7 +38,7 @@ def _load(model_dir: Path) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _engine(name: str, max_model_len: int | None) -> type:
+def _engine(name: str, max_model_len: int | None, dtype: str) -> type:
     if name == "reference":
         from ..ray import ReferenceEngine
 
@@ -50,10 +50,13 @@ def _engine(name: str, max_model_len: int | None) -> type:
                      ) from err  # fmt: skip
     from ..ray.vllm_engine import VLLMEngine
 
-    if max_model_len is None:
-        return VLLMEngine
-    return VLLMEngine.with_options(max_model_len=max_model_len,
-                                   max_num_batched_tokens=max(max_model_len, 256))  # fmt: skip
+    # The checkpoint's dtype: vLLM's "auto" serves float32 as bfloat16, which this CPU may
+    # lack (a crash, not an error), and the canary's tolerance is the checkpoint's.
+    options: dict[str, Any] = {"dtype": dtype}
+    if max_model_len is not None:
+        options.update(max_model_len=max_model_len,
+                       max_num_batched_tokens=max(max_model_len, 256))  # fmt: skip
+    return VLLMEngine.with_options(**options)
 
 
 def serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
@@ -64,7 +67,7 @@ def serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
 
     model_dir = Path(args.model)
     model, tokenizer = _load(model_dir)
-    engine = _engine(args.engine, args.max_model_len)
+    engine = _engine(args.engine, args.max_model_len, str(model.dtype).removeprefix("torch."))
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="recovery-fsm-serve-"))
     stop = stop or threading.Event()
     started_ray = not ray.is_initialized()
