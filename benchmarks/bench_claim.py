@@ -46,7 +46,8 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     torch.set_num_threads(1)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="recovery-fsm-bench-claim-"))
     config = model_config(DemoOptions(model="small"))
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; {a.engine}")

@@ -55,7 +55,8 @@ def main() -> None:
     a = parser.parse_args()
     hf_logging.disable_progress_bar()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="recovery-fsm-detect-"))
     flags = work / "flags"
     os.makedirs(flags)

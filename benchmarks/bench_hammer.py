@@ -46,7 +46,8 @@ def main() -> None:
     report("ControllerLink (in process)", h, work / "link.jsonl", seconds, stuck)
     if a.actor_events:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 logging_level="ERROR")  # fmt: skip
         name = f"bench-hammer-{os.getpid()}"
         h, seconds, stuck, _ = through_actor(a.actor_events, work / "actor.jsonl", name)
         report("RemoteLink (controller actor)", h, work / "actor.jsonl", seconds, stuck)

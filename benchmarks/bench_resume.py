@@ -49,7 +49,8 @@ def main() -> None:
     p.add_argument("--standby", type=int, default=0, help="warm standbys in the run")
     args = p.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")  # fmt: skip
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {
         (at, src): [] for at in POINTS for src in SOURCES
     }

@@ -72,7 +72,8 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     torch.set_num_threads(1)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")  # fmt: skip
     out = Path(tempfile.mkdtemp(prefix="recovery-fsm-soak-")) / a.run
     options = DemoOptions(steps=a.steps, step_s=a.step_s, chaos_rate=a.chaos_rate, out=out,
                           hf_interval=0, restart_window_s=a.window_s)  # fmt: skip

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import subprocess
@@ -140,10 +141,65 @@ def driver() -> Driver:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
-    """A local Ray cluster for one test module: two CPUs, no dashboard, this machine only.
-    A module asks for it with ``pytestmark = pytest.mark.usefixtures("ray_cluster")``."""
+    """A private local Ray cluster for one test module: two CPUs, no dashboard, this machine
+    only, never a cluster another process started here (``address="local"``). A module asks
+    for it with ``pytestmark = pytest.mark.usefixtures("ray_cluster")``."""
     ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    from recovery_fsm.ray import start_local_cluster
+
+    start_local_cluster(num_cpus=2, logging_level="ERROR")
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_head() -> Iterator[str]:
+    """A Ray head started as a user would (``ray start --head``), recorded on this machine
+    as its current cluster; yields its address. Stopped by its own process (``--block``
+    ends what it started on SIGTERM), never by ``ray stop``, which would stop every cluster
+    here."""
+    import signal
+    import socket
+    import sys
+
+    pytest.importorskip("ray")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray_cli = Path(sys.executable).with_name("ray")
+    head = subprocess.Popen(
+        [str(ray_cli), "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
+         "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    # Where Ray records the machine's current cluster (a private helper: no public one).
+    from ray._common.utils import get_ray_address_file
+
+    record = Path(get_ray_address_file(None))
+
+    def recorded() -> bool:  # what a plain ray.init() would join: written once it is up
+        with contextlib.suppress(OSError):
+            return record.read_text().strip().endswith(f":{port}")
+        return False
+
+    try:
+        deadline = time.monotonic() + 60
+        while not recorded():
+            if head.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ray start --head did not come up (exit {head.poll()})")
+            time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)  # its own session: only what it started
+            head.wait()
+        if recorded():  # the record of the head as this machine's cluster goes with it
+            record.unlink()
+
+
+def same_port(a: str, b: str) -> bool:
+    """Two Ray addresses of one cluster here (a head may name itself by another address)."""
+    return a.rpartition(":")[2] == b.rpartition(":")[2]

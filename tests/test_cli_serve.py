@@ -1,6 +1,8 @@
 """``recovery-fsm serve`` as a user runs it: a process of its own, on a model directory
 saved here (a tiny Llama and a tokenizer trained here), answering the ``openai`` client,
-stopped by SIGTERM. It starts a private Ray cluster beside the tests' own."""
+stopped by SIGTERM. A Ray head runs on the machine throughout (``ray start --head``, as on
+a developer's box): the tests' own cluster and serve's start private ones beside it, and
+serve joins it when told to."""
 
 from __future__ import annotations
 
@@ -14,13 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TINY_LLAMA
+from conftest import TINY_LLAMA, same_port
 
 torch = pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
 from test_openai_front import small_tokenizer  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+
+ray = pytest.importorskip("ray")
+# The head first: the module's own cluster then starts while it runs.
+pytestmark = pytest.mark.usefixtures("ray_head", "ray_cluster")
 
 
 def _cli(*args: str, **kw: Any) -> subprocess.Popen[str]:
@@ -30,30 +36,46 @@ def _cli(*args: str, **kw: Any) -> subprocess.Popen[str]:
                             **kw)  # fmt: skip
 
 
-def _url(proc: subprocess.Popen[str], timeout_s: float = 240.0) -> str:
+def _url(proc: subprocess.Popen[str], timeout_s: float = 240.0) -> tuple[str, str]:
+    """The base URL serve prints, and the Ray cluster it runs on."""
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line and proc.poll() is not None:
             pytest.fail(f"serve exited {proc.returncode}: {proc.stderr and proc.stderr.read()}")
-        if m := re.match(r"serving (http://\S+/v1) ", line):
-            return m.group(1)
+        if m := re.match(r"serving (http://\S+/v1) .* Ray at (\S+)\)", line):
+            return m.group(1), m.group(2)
     pytest.fail("serve printed no URL")
 
 
-def test_serve_answers_a_model_directory_with_certified_samples_and_stops_on_sigterm(
-    tmp_path: Path,
-) -> None:
+def _model_dir(tmp_path: Path) -> Any:
     torch.manual_seed(3)
     model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA)).eval()
     model.save_pretrained(tmp_path / "tiny")
     small_tokenizer().save_pretrained(tmp_path / "tiny")
+    return model
+
+
+def test_the_tests_cluster_is_a_private_one_beside_a_ray_head_already_running(
+    ray_head: str,
+) -> None:
+    # Plain ray.init(num_cpus=2) would have joined the head, and refused num_cpus.
+    assert ray.is_initialized()
+    assert not same_port(ray.get_runtime_context().gcs_address, ray_head)
+    assert ray.cluster_resources().get("CPU") == 2  # the head has 1
+
+
+def test_serve_answers_a_model_directory_with_certified_samples_and_stops_on_sigterm(
+    tmp_path: Path, ray_head: str
+) -> None:
+    model = _model_dir(tmp_path)
     root = tmp_path / "root"
     proc = _cli("serve", str(tmp_path / "tiny"), "--engine", "reference", "--groups", "2",
                 "--port", "0", "--num-cpus", "2", "--root", str(root))  # fmt: skip
     try:
-        url = _url(proc)
+        url, cluster = _url(proc)
+        assert not same_port(cluster, ray_head)  # a private cluster, though a head runs
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
         prompt = "the trainer syncs the weights"
         answer = client.completions.create(model="tiny", prompt=prompt, max_tokens=5, n=2,
@@ -76,6 +98,24 @@ def test_serve_answers_a_model_directory_with_certified_samples_and_stops_on_sig
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
     assert "stopping" in out
+
+
+def test_serve_joins_a_running_cluster_when_given_its_address(
+    tmp_path: Path, ray_head: str
+) -> None:
+    _model_dir(tmp_path)
+    proc = _cli("serve", str(tmp_path / "tiny"), "--engine", "reference", "--port", "0",
+                "--ray-address", ray_head)  # fmt: skip
+    try:
+        url, cluster = _url(proc)
+        assert same_port(cluster, ray_head)
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        answer = client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=3)
+        assert answer.model_extra["weight_version"] == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
 
 
 def test_serve_refuses_a_directory_without_a_model_in_one_line(tmp_path: Path) -> None:

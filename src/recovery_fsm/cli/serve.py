@@ -63,6 +63,7 @@ def serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     """Boot the fleet, serve until SIGINT or SIGTERM (or ``stop``), then close in order."""
     import ray
 
+    from ..ray import RecoveryRuntime, start_local_cluster
     from ..serve import FrontLimits, OpenAIFront
 
     model_dir = Path(args.model)
@@ -75,9 +76,7 @@ def serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         if args.ray_address:
             ray.init(address=args.ray_address, log_to_driver=False)
         else:  # a private cluster on this machine, never one another process recorded
-            ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
-                     log_to_driver=False)  # fmt: skip
-    from ..ray import RecoveryRuntime
+            start_local_cluster(num_cpus=args.num_cpus)
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which sets its own
         signal.signal(sig, lambda *_: stop.set())
@@ -101,9 +100,10 @@ def serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         limits = FrontLimits(in_flight_per_client=args.max_in_flight)
         with OpenAIFront(rt, model=name, host=args.host, port=args.port, api_key=args.api_key,
                          limits=limits) as front:  # fmt: skip
+            where = ray.get_runtime_context().gcs_address
             print(f"serving {front.url}/v1 (model {name!r}, {args.groups} group(s) of "
-                  f"{args.engine}, {rt.rollouts.groups_serving()} up); Ctrl-C stops",
-                  flush=True)  # fmt: skip
+                  f"{args.engine}, {rt.rollouts.groups_serving()} up, Ray at {where}); "
+                  "Ctrl-C stops", flush=True)  # fmt: skip
             stop.wait()
         print("stopping", flush=True)
         return 0

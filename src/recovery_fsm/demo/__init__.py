@@ -5,7 +5,6 @@ run with warm standbys, with immediate recovery alone, on the cold path, and wit
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,11 +62,13 @@ def default_runs(options: DemoOptions) -> tuple[str, ...]:
 
 def main(options: DemoOptions, *, runs: Sequence[str] | None = None,
          display: Display | None = None, timeline: bool = True) -> Outcome:  # fmt: skip
-    """Run the demo (starting a local Ray cluster if none is up) and print the report.
+    """Run the demo (starting a private Ray cluster if none is up) and print the report.
 
     Each run's files are its own: the previous run's under ``options.out`` are replaced
     (``OutputInUse`` if it holds anything else), before Ray starts."""
     import ray
+
+    from ..ray import start_local_cluster
 
     display = display or Display()
     modes = tuple(runs) if runs is not None else default_runs(options)
@@ -80,9 +81,7 @@ def main(options: DemoOptions, *, runs: Sequence[str] | None = None,
                      f"({', '.join(p.name for p in replaced)})")  # fmt: skip
     started_ray = not ray.is_initialized()
     if started_ray:
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.ERROR)  # fmt: skip
+        start_local_cluster(num_cpus=2, logging_level=logging.ERROR)
     results: list[RunResult] = []
     pictures: list[Path] = []
     try:

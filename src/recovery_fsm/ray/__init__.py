@@ -2,6 +2,7 @@
 the controller's decisions on them (see ``runtime.py`` for how they fit)."""
 
 from .actors import ActorTable, Booted, BootFailed, Launcher
+from .cluster import start_local_cluster
 from .engine import Generation, ReferenceEngine, RolloutEngine, WeightsHeld
 from .errors import AlreadyStarted, BadRuntimeInput, VersionNotAbove
 from .hosting import RecoveryControllerActor, RemoteController, RemoteLink
@@ -68,4 +69,5 @@ __all__ = [
     "VersionNotAbove",
     "WeightsHeld",
     "check_shared_root",
+    "start_local_cluster",
 ]
