@@ -7,8 +7,9 @@
 
 Each server runs alone (two cores: never both at once), arms alternating per repeat. At
 each concurrency C, C clients send completions back to back for ``--seconds`` (after a
-warm-up): requests per second, and latency percentiles. Same prompts (8 token ids), same
-sampling (temperature 1, 16 tokens, logprobs 1) for both.
+warm-up): requests per second, latency percentiles, and the cores the server's processes
+used (CPU seconds per second, all its processes; the clients run in this one). Same
+prompts (8 token ids), same sampling (temperature 1, 16 tokens, logprobs 1) for both.
 
 Then kills, on the front only (vLLM's server has no recovery to measure): 4 clients
 running, one engine process SIGKILLed, the times from the kill to the first and the last
@@ -152,8 +153,21 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+def cpu_s(proc: subprocess.Popen[bytes]) -> float:
+    """CPU seconds used so far by the server and every process it started."""
+    total = 0.0
+    root = psutil.Process(proc.pid)
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
 def throughput(work: Path, path: Path, args: argparse.Namespace) -> None:
-    rows: dict[tuple[str, int], list[tuple[float, list[float]]]] = {}
+    rows: dict[tuple[str, int], list[tuple[float, list[float], float]]] = {}
     for r in range(args.repeats):
         for arm in ("vllm", "front") if r % 2 == 0 else ("front", "vllm"):
             port = free_port()
@@ -161,22 +175,26 @@ def throughput(work: Path, path: Path, args: argparse.Namespace) -> None:
             try:
                 asyncio.run(load(port, max(args.concurrency), 3.0))  # warm-up
                 for c in args.concurrency:
+                    used = cpu_s(proc)
                     lat = asyncio.run(load(port, c, args.seconds))
-                    rows.setdefault((arm, c), []).append((len(lat) / args.seconds, lat))
+                    cores = (cpu_s(proc) - used) / args.seconds
+                    rows.setdefault((arm, c), []).append((len(lat) / args.seconds, lat, cores))
             finally:
                 stop(proc)
     print(f"\n{'C':>3} {'arm':>6} {'req/s':>7} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8}"
-          f" {'p50 ratio':>10}")  # fmt: skip
+          f" {'p50 ratio':>10} {'server cores':>13}")  # fmt: skip
     for c in args.concurrency:
         p50: dict[str, float] = {}
         for arm in ("vllm", "front"):
             runs = rows[(arm, c)]
-            lat = [x for _, xs in runs for x in xs]
-            rps = statistics.median(r for r, _ in runs)
+            lat = [x for _, xs, _ in runs for x in xs]
+            rps = statistics.median(r for r, _, _ in runs)
+            cores = statistics.median(k for _, _, k in runs)
             p50[arm] = pct(lat, 0.5)
             ratio = f"{p50[arm] / p50['vllm']:.2f}x" if arm == "front" else ""
             tail = f"{pct(lat, 0.9) * 1e3:>8.0f} {pct(lat, 0.99) * 1e3:>8.0f}"
-            print(f"{c:>3} {arm:>6} {rps:>7.1f} {p50[arm] * 1e3:>8.0f} {tail} {ratio:>10}")
+            print(f"{c:>3} {arm:>6} {rps:>7.1f} {p50[arm] * 1e3:>8.0f} {tail} {ratio:>10} "
+                  f"{cores:>13.2f}")  # fmt: skip
 
 
 def engines(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
@@ -218,7 +236,7 @@ def kills(path: Path, groups: int, args: argparse.Namespace, clients: int = 4) -
             found.append((min(answered, default=float("nan")),
                           max(answered, default=float("nan")), len(spanning), bad,
                           len(events)))  # fmt: skip
-            time.sleep(1.0 + 20.0 * (groups == 1))  # a reboot of the killed group
+            time.sleep(30.0)  # the killed group's reboot, before the next kill
     finally:
         stop(proc)
     for first, last, spanning, bad, total in found:

@@ -14,7 +14,7 @@
 The hooks send events and time themselves; what they measure goes to ``metrics()``, never
 into the trainer's sync timer. ``hf_save=True`` makes the recovery export of v the trainer's
 Hugging Face save of v as well (it is what ``save_pretrained`` writes): one write instead of
-two, pinned so that recovery never deletes it.
+two, pinned so that recovery never deletes it (``rt.unpin`` lets it go).
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ class RecoveryHooks:
         """Call once ``groups`` (name -> incarnation) hold ``version``: reports the sync and
         starts the asynchronous export of ``model`` (a transformers model, or full weights in
         the hub layout with their ``config``). With ``hf_save`` that export is also the
-        trainer's Hugging Face save of ``version`` and is never deleted; its handle resolves
+        trainer's Hugging Face save of ``version``, pinned until ``rt.unpin``; its handle resolves
         to the directory (``tokenizer``, if given, is saved in it too). Full weights come
         with their ``canary`` (``export.canary.of_model`` on the full model: what engines
         are admitted by; a transformers model's own is computed). A push that failed needs
