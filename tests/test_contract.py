@@ -459,3 +459,19 @@ def test_every_check_is_pure_even_for_the_outcome_of_a_killed_start() -> None:
     # Applying the orphan's outcome does end that start and free its lease.
     d.send(ev.RestartLoadFailed, "g1", 2)
     assert not [lease for lease in d.c.leases.values() if lease.incarnation == 2]
+
+
+@pytest.mark.parametrize("name", ["check_WeightSynced", "on_GroupDead", "on_Synced"])
+def test_a_rule_named_for_no_event_is_refused_when_its_class_is_made(name: str) -> None:
+    # Found by name, a misspelt check would be skipped in silence and a misspelt rule never
+    # run: the class itself is refused, naming it.
+    with pytest.raises(TypeError, match=name):
+        type("Misspelt", (Rules,), {name: lambda self, e: None})
+
+
+def test_every_rule_and_check_of_the_rules_names_an_event() -> None:
+    known = {c.__name__ for c in ev.EVENT_TYPES.values()}
+    rules = {n.partition("_")[2] for n in dir(Rules) if n.startswith("on_")}
+    assert rules == known  # one rule per event, none left over
+    checks = {n.partition("_")[2] for n in dir(Rules) if n.startswith("check_")}
+    assert checks <= known and checks

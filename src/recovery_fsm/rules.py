@@ -230,8 +230,28 @@ def _nothing_to_check(_e: ev.Event) -> None:
     """The check of an event every state accepts (``Tick``)."""
 
 
+def _check_rule_names(cls: type) -> None:
+    """A ``check_``/``on_`` method is found by its event's name: a misspelt one would never
+    run (a check skipped in silence), so a rules class naming no event is refused."""
+    known = {c.__name__ for c in ev.EVENT_TYPES.values()}
+    stray = sorted(
+        name
+        for name in dir(cls)
+        if name.startswith(("check_", "on_")) and name.partition("_")[2] not in known
+    )
+    if stray:
+        raise TypeError(
+            f"{cls.__name__}: {', '.join(stray)} name no event; a rule is check_<Event> or "
+            f"on_<Event> for one of {', '.join(sorted(known))}"
+        )
+
+
 class Rules:
     """The state every rule reads, and the rules. Driven only through ``apply``."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _check_rule_names(cls)
 
     def __init__(self, config: RecoveryConfig, initial_version: int) -> None:
         self.config = config
@@ -1352,3 +1372,6 @@ class Rules:
 
     def _emit(self, effect: fx.Effect) -> None:
         self.effects.append(effect)
+
+
+_check_rule_names(Rules)
