@@ -1,6 +1,7 @@
 """``machines.stays``: the rules skip sending an event whose graph can only keep the state.
 A skip must never hide a move: for every state of every machine, every event it accepts and
-records drawn at random, when ``stays`` says so, sending the event changes nothing."""
+records drawn at random (all five machines), when ``stays`` says so, sending the event
+changes nothing."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from recovery_fsm.machines import (
     Fleet,
     GroupRecord,
     ImmediateRecoveryMachine,
+    PoolRecord,
     RecoveryRecord,
+    StandbyMachine,
+    StandbyPoolMachine,
+    StandbyRecord,
     WorkerGroupMachine,
     stays,
 )
@@ -25,7 +30,7 @@ versions = st.one_of(st.none(), small)
 
 @st.composite
 def machine_and_event(draw: st.DrawFn) -> tuple[object, str, bool]:
-    kind = draw(st.sampled_from(["checkpoint", "group", "switch"]))
+    kind = draw(st.sampled_from(["checkpoint", "group", "switch", "standby", "pool"]))
     if kind == "checkpoint":
         cls: type = CheckpointMachine
         record: object = CheckpointRecord(draw(small), pinned=draw(st.booleans()),
@@ -33,10 +38,18 @@ def machine_and_event(draw: st.DrawFn) -> tuple[object, str, bool]:
     elif kind == "group":
         cls = WorkerGroupMachine
         record = GroupRecord("g", Fleet(draw(small)), draw(versions))
-    else:
+    elif kind == "switch":
         cls = ImmediateRecoveryMachine
         record = RecoveryRecord("g", required_clean_syncs=draw(st.integers(1, 3)),
                                 clean_streak=draw(st.integers(0, 2)))  # fmt: skip
+    elif kind == "standby":
+        cls = StandbyMachine
+        record = StandbyRecord("s", Fleet(draw(small)), draw(versions),
+                               ever_ready=draw(st.booleans()))  # fmt: skip
+    else:
+        cls = StandbyPoolMachine
+        record = PoolRecord(draw(small), boot_budget=draw(st.integers(1, 3)),
+                            failed_boots=draw(small))  # fmt: skip
     state = draw(st.sampled_from([s.id for s in cls.states if s.transitions]))
     event = draw(st.sampled_from(sorted({e for t in cls.states_map[state].transitions
                                           for e in t.events})))  # fmt: skip

@@ -465,6 +465,18 @@ def test_vllm_groups_recover_from_checkpoints_refuse_what_the_canary_refuses_and
         wait_for(lambda: serving(rt, "g0") and rt.controller.group("g0").version == 5,
                  what="g0 caught up to 5")  # fmt: skip
         assert rt.generate("g0", PROMPT).tokens == greedy(model)
+
+        # Two at once: both groups killed together. The front answers 503 while none
+        # serves; requests in flight wait for a group and are answered from C(5).
+        before = len(traffic.seen)
+        killed = {g: rt.controller.incarnation(g) for g in ("g0", "g1")}
+        rt.kill("g0")
+        rt.kill("g1")
+        wait_for(lambda: all(rt.controller.incarnation(g) > killed[g] and serving(rt, g)
+                             and rt.controller.group(g).version == 5
+                             for g in ("g0", "g1")), what="both back at 5")  # fmt: skip
+        wait_for(lambda: any(s == 200 for _, s, _ in traffic.seen[before:]),
+                 what="an answer after both came back")  # fmt: skip
         traffic.__exit__()
         front.stop()
         # Each answer was the trainer's weights at its version, or a documented 503.
