@@ -155,9 +155,9 @@ def ray_cluster() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def ray_head() -> Iterator[str]:
     """A Ray head started as a user would (``ray start --head``), recorded on this machine
-    as its current cluster; yields its address. Stopped by its own process (``--block``
-    ends what it started on SIGTERM), never by ``ray stop``, which would stop every cluster
-    here."""
+    as its current cluster (the record there before is put back after); yields its
+    address. Stopped by its own process (``--block`` ends what it started on SIGTERM),
+    never by ``ray stop``, which would stop every cluster here."""
     import signal
     import socket
     import sys
@@ -176,6 +176,7 @@ def ray_head() -> Iterator[str]:
     from ray._common.utils import get_ray_address_file
 
     record = Path(get_ray_address_file(None))
+    previous = record.read_text() if record.exists() else None  # a developer's own head
 
     def recorded() -> bool:  # what a plain ray.init() would join: written once it is up
         with contextlib.suppress(OSError):
@@ -197,7 +198,10 @@ def ray_head() -> Iterator[str]:
             os.killpg(head.pid, signal.SIGKILL)  # its own session: only what it started
             head.wait()
         if recorded():  # the record of the head as this machine's cluster goes with it
-            record.unlink()
+            if previous is None:
+                record.unlink()
+            else:
+                record.write_text(previous)
 
 
 def same_port(a: str, b: str) -> bool:

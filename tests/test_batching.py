@@ -68,6 +68,39 @@ def test_requests_that_wait_for_a_busy_group_go_in_one_call_and_get_their_own_an
     assert fleet.most_running == 1
 
 
+def test_requests_that_come_while_the_group_is_busy_wait_and_go_together() -> None:
+    fleet = Fleet(groups=1)
+    batcher = fleet.batcher()
+
+    async def go() -> list[Any]:
+        first = asyncio.ensure_future(batcher.submit([[1]], Sampling()))
+        await asyncio.sleep(0.02)  # its call runs (50 ms): the group is busy
+        later = [asyncio.ensure_future(batcher.submit([[i]], Sampling())) for i in (2, 3, 4)]
+        return await asyncio.gather(first, *later)
+
+    answers = asyncio.run(go())
+    assert [[list(p.prompt) for p in a] for a in answers] == [[[1]], [[2]], [[3]], [[4]]]
+    assert fleet.calls == [[[1]], [[2], [3], [4]]]
+    assert fleet.most_running == 1 and not batcher._lanes  # nothing left behind
+
+
+def test_a_client_that_leaves_while_waiting_is_not_asked_for() -> None:
+    fleet = Fleet(groups=1)
+    batcher = fleet.batcher()
+
+    async def go() -> Any:
+        first = asyncio.ensure_future(batcher.submit([[1]], Sampling()))
+        await asyncio.sleep(0.02)
+        gone = asyncio.ensure_future(batcher.submit([[2]], Sampling()))
+        stays = asyncio.ensure_future(batcher.submit([[3]], Sampling()))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        return await asyncio.gather(first, stays)
+
+    asyncio.run(go())
+    assert fleet.calls == [[[1]], [[3]]]
+
+
 def test_a_call_holds_at_most_max_prompts_and_the_rest_take_the_next_slot() -> None:
     fleet = Fleet(groups=2)
     requests = [[[i]] for i in range(1, 8)]
@@ -91,6 +124,7 @@ def test_a_request_an_engine_refuses_fails_alone_not_the_requests_merged_with_it
     assert isinstance(answers[1], RolloutFailed) and answers[1].refused
     assert [list(a.prompt) for a in answers[2]] == [[2], [3]]
     assert len(fleet.calls) == 4  # merged, then each alone
+    assert fleet.most_running == 1  # one after another, in the merged call's slot
 
 
 def test_a_failure_of_the_fleet_is_every_requests_and_is_not_repeated() -> None:

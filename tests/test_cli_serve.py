@@ -7,10 +7,12 @@ serve joins it when told to."""
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,24 +31,38 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.usefixtures("ray_head", "ray_cluster")
 
 
-def _cli(*args: str, **kw: Any) -> subprocess.Popen[str]:
+def _cli(*args: str, log: Path | None = None) -> subprocess.Popen[str]:
+    """serve as a process of its own; its stderr goes to ``log`` (a pipe nobody reads
+    until the end could fill and stall it)."""
     env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
+    err = subprocess.PIPE if log is None else log.open("w")
     return subprocess.Popen([sys.executable, "-m", "recovery_fsm.cli", *args], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            **kw)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=err, env=env)  # fmt: skip
 
 
-def _url(proc: subprocess.Popen[str], timeout_s: float = 240.0) -> tuple[str, str]:
+def _url(proc: subprocess.Popen[str], log: Path, timeout_s: float = 240.0) -> tuple[str, str]:
     """The base URL serve prints, and the Ray cluster it runs on."""
-    assert proc.stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or ()],
+                     daemon=True).start()  # fmt: skip
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            pytest.fail(f"serve exited {proc.returncode}: {proc.stderr and proc.stderr.read()}")
+        try:
+            line = lines.get(timeout=1.0)
+        except queue.Empty:
+            if proc.poll() is not None:
+                pytest.fail(f"serve exited {proc.returncode}: {log.read_text()[-3000:]}")
+            continue
         if m := re.match(r"serving (http://\S+/v1) .* Ray at (\S+)\)", line):
             return m.group(1), m.group(2)
-    pytest.fail("serve printed no URL")
+    pytest.fail(f"serve printed no URL within {timeout_s} s: {log.read_text()[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen[str], log: Path) -> str:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    return log.read_text()
 
 
 def _model_dir(tmp_path: Path) -> Any:
@@ -70,11 +86,11 @@ def test_serve_answers_a_model_directory_with_certified_samples_and_stops_on_sig
     tmp_path: Path, ray_head: str
 ) -> None:
     model = _model_dir(tmp_path)
-    root = tmp_path / "root"
+    root, log = tmp_path / "root", tmp_path / "serve.log"
     proc = _cli("serve", str(tmp_path / "tiny"), "--engine", "reference", "--groups", "2",
-                "--port", "0", "--num-cpus", "2", "--root", str(root))  # fmt: skip
+                "--port", "0", "--num-cpus", "2", "--root", str(root), log=log)  # fmt: skip
     try:
-        url, cluster = _url(proc)
+        url, cluster = _url(proc, log)
         assert not same_port(cluster, ray_head)  # a private cluster, though a head runs
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
         prompt = "the trainer syncs the weights"
@@ -94,28 +110,25 @@ def test_serve_answers_a_model_directory_with_certified_samples_and_stops_on_sig
         saved = [p.parent.name for p in root.rglob("config.json")]
         assert saved, f"no recovery checkpoint under --root: {list(root.rglob('*'))}"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
-    assert "stopping" in out
+        _stop(proc, log)
+    assert not list(root.rglob("config.json"))  # close() deleted the recovery checkpoints
 
 
 def test_serve_joins_a_running_cluster_when_given_its_address(
     tmp_path: Path, ray_head: str
 ) -> None:
     _model_dir(tmp_path)
+    log = tmp_path / "serve.log"
     proc = _cli("serve", str(tmp_path / "tiny"), "--engine", "reference", "--port", "0",
-                "--ray-address", ray_head)  # fmt: skip
+                "--ray-address", ray_head, log=log)  # fmt: skip
     try:
-        url, cluster = _url(proc)
+        url, cluster = _url(proc, log)
         assert same_port(cluster, ray_head)
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
         answer = client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=3)
         assert answer.model_extra["weight_version"] == 1
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
+        _stop(proc, log)
 
 
 def test_serve_refuses_a_directory_without_a_model_in_one_line(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import argparse
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -60,32 +61,61 @@ def _engine(name: str, max_model_len: int | None, dtype: str) -> type:
 
 
 def serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
-    """Boot the fleet, serve until SIGINT or SIGTERM (or ``stop``), then close in order."""
+    """Boot the fleet, serve until SIGINT or SIGTERM (or ``stop``), then close in order:
+    the front, the runtime (its engines), Ray if it started it, its temporary root. A
+    second Ctrl-C interrupts a close that hangs."""
     import ray
 
-    from ..ray import RecoveryRuntime, start_local_cluster
-    from ..serve import FrontLimits, OpenAIFront
+    from ..ray import start_local_cluster
 
     model_dir = Path(args.model)
     model, tokenizer = _load(model_dir)
     engine = _engine(args.engine, args.max_model_len, str(model.dtype).removeprefix("torch."))
-    root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="recovery-fsm-serve-"))
     stop = stop or threading.Event()
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        if args.ray_address:
-            ray.init(address=args.ray_address, log_to_driver=False)
-        else:  # a private cluster on this machine, never one another process recorded
-            start_local_cluster(num_cpus=args.num_cpus)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which sets its own
-        signal.signal(sig, lambda *_: stop.set())
-    rt = None
+    root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="recovery-fsm-serve-"))
+    started_ray = False
+    handlers: dict[int, Any] = {}
     try:
-        rt = RecoveryRuntime(
-            root, groups=[f"g{i}" for i in range(args.groups)], model_config=model.config,
-            engine=engine, standby=args.standby, tokenizer=tokenizer,
-        )  # fmt: skip
+        if not ray.is_initialized():
+            if args.ray_address:
+                ray.init(address=args.ray_address, log_to_driver=False)
+            else:  # a private cluster on this machine, never one another process recorded
+                start_local_cluster(num_cpus=args.num_cpus)
+            started_ray = True
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which sets its own
+                handlers[sig] = signal.signal(sig, lambda *_: _stop_once(stop, handlers))
+        return _run(args, model, tokenizer, engine, root, stop)
+    finally:
+        try:
+            if started_ray:
+                ray.shutdown()
+        finally:
+            for number, old in handlers.items():
+                signal.signal(number, old)
+            if not args.root:
+                shutil.rmtree(root, ignore_errors=True)
+
+
+def _stop_once(stop: threading.Event, handlers: dict[int, Any]) -> None:
+    """The first signal stops serving; the next one interrupts the close (the old
+    handlers are back)."""
+    stop.set()
+    for sig, old in handlers.items():
+        signal.signal(sig, old)
+
+
+def _run(args: argparse.Namespace, model: Any, tokenizer: Any, engine: type, root: Path,
+         stop: threading.Event) -> int:  # fmt: skip
+    import ray
+
+    from ..ray import RecoveryRuntime
+    from ..serve import FrontLimits, OpenAIFront
+
+    with RecoveryRuntime(
+        root, groups=[f"g{i}" for i in range(args.groups)], model_config=model.config,
+        engine=engine, standby=args.standby, tokenizer=tokenizer,
+    ) as rt:  # fmt: skip
         rt.start(model)
         # Version 1 is the directory's weights again, synced so that it is exported: the
         # recovery checkpoint a group that dies boots from (start() exports nothing).
@@ -96,24 +126,21 @@ def serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         while rt.rollouts.groups_serving() < args.groups and time.monotonic() < deadline:
             if stop.wait(0.05):
                 return 0
-        name = args.served_model_name or model_dir.name
+        up = rt.rollouts.groups_serving()
+        if up < args.groups:
+            print(f"note: {up} of {args.groups} groups serve after 60 s; the others recover "
+                  "meanwhile", file=sys.stderr, flush=True)  # fmt: skip
+        name = args.served_model_name or Path(args.model).name
         limits = FrontLimits(in_flight_per_client=args.max_in_flight)
         with OpenAIFront(rt, model=name, host=args.host, port=args.port, api_key=args.api_key,
                          limits=limits) as front:  # fmt: skip
             where = ray.get_runtime_context().gcs_address
             print(f"serving {front.url}/v1 (model {name!r}, {args.groups} group(s) of "
-                  f"{args.engine}, {rt.rollouts.groups_serving()} up, Ray at {where}); "
-                  "Ctrl-C stops", flush=True)  # fmt: skip
+                  f"{args.engine}, {up} up, Ray at {where}); Ctrl-C stops",
+                  flush=True)  # fmt: skip
             stop.wait()
         print("stopping", flush=True)
-        return 0
-    finally:
-        if rt is not None:
-            rt.close()
-        if started_ray:
-            ray.shutdown()
-        if not args.root:
-            shutil.rmtree(root, ignore_errors=True)
+    return 0
 
 
 def add_parser(sub: Any, positive: Any, at_least_0: Any) -> None:

@@ -44,8 +44,10 @@ class _Lane:
 class Batcher:
     """``submit`` answers like ``rollout(prompts, sampling, policy)``, merged with others.
 
-    ``calls_per_lane()``: how many calls of one sampling may run at once (the front gives
-    the number of groups serving: the rollout path sends each call to the next one).
+    ``calls_per_lane()``: how many calls of one sampling may run at once. The front gives
+    the number of groups serving: a call of one prompt goes to one group (the next in
+    turn), so a group idles only while no request waits; a call of many is split over
+    every group, so an engine may queue up to that many calls of one sampling.
     ``gather_s``: how long a call waits for company before it is sent; the clients of a
     call that just ended send their next requests within it, and so stay in one call."""
 
@@ -88,6 +90,7 @@ class Batcher:
             self._lanes.pop(sampling, None)
 
     async def _call(self, sampling: Sampling, lane: _Lane) -> None:
+        took = False
         try:
             await asyncio.sleep(self._gather_s)
             taken: list[_Waiting] = []
@@ -98,24 +101,27 @@ class Batcher:
                 if not w.answer.done():  # a client that left is not asked for
                     taken.append(w)
                     size += len(w.prompts)
-            lane.gathering = False
+            lane.gathering, took = False, True
             self._dispatch(sampling, lane)  # more than one call's worth: the next slot
             if taken:
-                self.calls += 1
                 await self._answer(sampling, taken)
         finally:
-            lane.gathering = False
+            if not took:  # cancelled while gathering
+                lane.gathering = False
             lane.running -= 1
             self._dispatch(sampling, lane)
 
     async def _answer(self, sampling: Sampling, taken: list[_Waiting]) -> None:
+        self.calls += 1
         try:
             results = await self._rollout([p for w in taken for p in w.prompts], sampling,
                                           self._policy)  # fmt: skip
         except (BadSampling, RolloutFailed) as err:
             if len(taken) > 1 and (isinstance(err, BadSampling) or err.refused):
-                # One request's fault, perhaps: each alone, so it fails only its own.
-                await asyncio.gather(*(self._answer(sampling, [w]) for w in taken))
+                # One request's fault, perhaps: each alone (in turn, in this call's slot),
+                # so it fails only its own.
+                for w in taken:
+                    await self._answer(sampling, [w])
                 return
             _settle(taken, err)
             return

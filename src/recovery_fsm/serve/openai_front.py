@@ -24,6 +24,7 @@ tools and multimodal content.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -59,7 +60,7 @@ class FrontLimits:
     deadline_s: float = 60.0
     request_timeout_s: float = 30.0
     retry_after_s: int = 1
-    batch_prompts: int = 256  # concurrent requests merged into one engine call, at most
+    batch_prompts: int = 64  # prompts of concurrent requests merged into one call, at most
     batch_gather_s: float = 0.002  # how long a call waits for company before it is sent
 
 
@@ -287,10 +288,18 @@ class _Front:
         if self.rt.rollouts.fleet_version() is None:
             raise _Refused(503, "no group is serving now: retry", kind="service_unavailable")
         try:
-            results: list[PromptSamples] = await self.batcher.submit(prompts, sampling)
+            # deadline_s bounds the whole request: a wait for a merged call included.
+            results: list[PromptSamples] = await asyncio.wait_for(
+                self.batcher.submit(prompts, sampling), self.limits.deadline_s
+            )
+        except asyncio.TimeoutError:
+            raise _Refused(503, f"not answered within deadline_s={self.limits.deadline_s}",
+                           "service_unavailable") from None  # fmt: skip
         except BadSampling as e:
             raise _Refused(400, str(e), param="prompt") from None
         except RolloutFailed as e:
+            if e.refused:  # the engine refuses the request itself: no retry would do
+                raise _Refused(400, f"the engine refused the request: {e}", param="prompt") from e
             raise _Refused(503, f"the fleet did not answer: {e}", "service_unavailable") from e
         except RecoveryError as e:  # the runtime stopped (fail-stop) or is closing
             raise _Refused(503, f"the runtime is not serving: {e}", "service_unavailable") from e
