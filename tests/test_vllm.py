@@ -36,7 +36,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 from recovery_fsm import RecoveryConfig  # noqa: E402
 from recovery_fsm.errors import CorruptCheckpoint  # noqa: E402
 from recovery_fsm.export import AsyncHFExporter, CheckpointStore, canary  # noqa: E402
-from recovery_fsm.ray import Policy, RecoveryRuntime, Sampling  # noqa: E402
+from recovery_fsm.ray import Policy, RecoveryRuntime, Sampling, scratch  # noqa: E402
+from recovery_fsm.ray.actors import _exits_by, exited  # noqa: E402
 from recovery_fsm.ray.vllm_engine import VLLMEngine  # noqa: E402
 from recovery_fsm.search.replay import replay  # noqa: E402
 from recovery_fsm.serve import OpenAIFront  # noqa: E402
@@ -118,7 +119,9 @@ def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any,
     engine = actor()
     ray.get(engine.boot_from_checkpoint.remote(path), timeout=300)
     yield engine, model, path
+    pid = ray.get(engine.__ray_call__.remote(lambda self: os.getpid()))
     ray.kill(engine)
+    _exits_by(pid, time.monotonic() + 60)  # its scratch folder goes with it
 
 
 def test_an_engine_booted_from_an_export_answers_as_transformers(
@@ -262,10 +265,19 @@ def test_vllm_rollouts_sample_with_the_trainers_logprobs_abort_between_steps_and
     assert ray.get(engine.ping.remote(1.0), timeout=30) == 1  # stepping again
 
 
+def _left_in_tmp() -> set[str]:
+    """What engines could leave in the machine's temporary folder: vLLM's rendezvous files,
+    the config folders of boots without weights, and engines' scratch folders."""
+    base = Path(tempfile.gettempdir())
+    kinds = ("vllm_dist_*", "recovery-fsm-vllm-config-*", f"{scratch.PREFIX}-*")
+    return {p.name for kind in kinds for p in base.glob(kind)}
+
+
 def test_five_kills_leave_no_process_no_shared_memory_and_no_growing_memory() -> None:
     import psutil
 
     shm_before = _shm()
+    left_before = _left_in_tmp()
     available: list[int] = []
     for cycle in range(5):
         engine = actor()
@@ -279,8 +291,11 @@ def test_five_kills_leave_no_process_no_shared_memory_and_no_growing_memory() ->
             ray.kill(engine)
         _, alive = psutil.wait_procs(tree, timeout=30)
         assert not alive, [p.pid for p in alive]
+        assert scratch.folder(pid).is_dir()  # what vLLM wrote: until a sweep sees it gone
+        assert pid in scratch.sweep(exited) and not scratch.folder(pid).exists()
         available.append(psutil.virtual_memory().available)
     assert _shm() <= shm_before, _shm() - shm_before
+    assert _left_in_tmp() <= left_before, _left_in_tmp() - left_before
     # Memory is given back: what is available after the fifth kill is within 300 MB of what
     # was after the first (an engine here holds about 700 MB).
     assert available[-1] > available[0] - 300 * 2**20, [a // 2**20 for a in available]
@@ -389,6 +404,7 @@ def test_vllm_groups_recover_from_checkpoints_refuse_what_the_canary_refuses_and
         push_timeout_s=15.0,
     )  # fmt: skip
     state = rt.controller.group_state
+    left_before = _left_in_tmp()
     with rt:
         rt.start(model)
         step(model)
@@ -483,6 +499,8 @@ def test_vllm_groups_recover_from_checkpoints_refuse_what_the_canary_refuses_and
         assert traffic.check(states) >= 10
         stats = rt.statistics()
         assert stats.safety.loads_from_deleted == 0
+    # Every engine killed here (restarts, a death, a hang, two at once, close) left nothing.
+    assert _left_in_tmp() <= left_before, _left_in_tmp() - left_before
     refused = [
         json.loads(line)["event"]["error"]
         for line in journal.read_text().splitlines()
@@ -506,6 +524,7 @@ def test_a_vllm_standby_takes_over_without_a_boot_pushed_or_loaded_in_place(
         call_timeout_s=300.0, standby=1,
     )  # fmt: skip
     standby = rt.controller.standbys
+    left_before = _left_in_tmp()
     with rt:
         rt.start(model)
         wait_for(lambda: standby().get("standby-1") is not None
@@ -566,6 +585,8 @@ def test_a_vllm_standby_takes_over_without_a_boot_pushed_or_loaded_in_place(
         [results] = box
         assert all(len(r.samples) == 4 for r in results)
         assert all(s.certificate.incarnation > wedged for r in results for s in r.samples)
+    # Claims, refills, a wedged engine killed, close: no engine left a file.
+    assert _left_in_tmp() <= left_before, _left_in_tmp() - left_before
     loads = [json.loads(x)["event"] for x in journal.read_text().splitlines()
              if '"StandbyLoaded"' in x]  # fmt: skip
     assert [(e["standby"], e["version"]) for e in loads][:1] == [("standby-2", 1)]

@@ -28,6 +28,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..errors import Fenced
+from . import scratch
 from .engine import WeightsHeld
 from .errors import BadRuntimeInput
 
@@ -42,7 +43,7 @@ def _actor_id(actor: Any) -> str:
     return str(actor._actor_id.hex())
 
 
-def _exited(pid: int) -> bool:
+def exited(pid: int) -> bool:
     """What this host's operating system says: no such process, or one that exited and
     waits to be reaped by its parent (a zombie reads nothing and holds no file)."""
     try:
@@ -64,11 +65,12 @@ def _exited(pid: int) -> bool:
 
 
 def _exits_by(pid: int, deadline: float) -> bool:
-    """Poll ``_exited`` until it holds or ``deadline`` (monotonic) passes."""
-    while not _exited(pid):
+    """Poll ``exited`` until it holds or ``deadline`` (monotonic) passes."""
+    while not exited(pid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)
+    scratch.remove(pid)  # what it left in its temporary folder goes with it
     return True
 
 
@@ -156,6 +158,8 @@ class ActorTable:
         # the actors taken to be killed whose exit nobody has waited for yet (the latest
         # ENDED_KEPT processes): a report that frees what they read waits for their exit.
         self._processes: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        # The handles of those actors (same keys): close() kills a boot still in flight too.
+        self._made: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._ended: collections.OrderedDict[tuple[str, int], list[Any]] = (
             collections.OrderedDict()
         )
@@ -251,11 +255,13 @@ class ActorTable:
     def made(self, actors: Iterable[Any]) -> None:
         """Actors just made: ask each which process it is (answered once it is built,
         beside whatever it runs next), for a wait on its exit later."""
+        actors = list(actors)
         asked = {_actor_id(a): a.process.remote() for a in actors}
         with self._lock:
             self._processes.update(asked)
+            self._made.update((_actor_id(a), a) for a in actors)
             while len(self._processes) > PROCESSES_KEPT:  # the oldest are long replaced
-                self._processes.popitem(last=False)
+                self._made.pop(self._processes.popitem(last=False)[0], None)
 
     def wait_exited(
         self, group: str, incarnation: int, actors: Iterable[Any] = (), timeout_s: float = 30.0
@@ -268,7 +274,22 @@ class ActorTable:
         with self._lock:
             ended = self._ended.pop((group, incarnation), []) + list(actors)
             asked = [self._processes.pop(_actor_id(a), None) for a in ended]
+            for a in ended:
+                self._made.pop(_actor_id(a), None)
         return wait_exited([r for r in asked if r is not None], timeout_s)
+
+    def wait_gone(self, actors: Iterable[Any], timeout_s: float) -> bool:
+        """Wait until ``actors``, killed, have exited (their scratch folders go with them);
+        then remove those of every engine process of this machine that has exited (one
+        killed earlier, whose exit nobody waited for). Other machines' go at their next
+        engine's start."""
+        with self._lock:
+            asked = [self._processes.pop(_actor_id(a), None) for a in actors]
+            for a in actors:
+                self._made.pop(_actor_id(a), None)
+        gone = wait_exited([r for r in asked if r is not None], timeout_s)
+        scratch.sweep(exited)
+        return gone
 
     def standby_boot_queued(self, standby: str) -> None:
         """A standby's one boot is queued: until it comes back, a stop needs a floor."""
@@ -291,11 +312,15 @@ class ActorTable:
             return actors
 
     def close(self) -> list[Any]:
-        """No boot is kept from now on; returns every actor still in the table (to kill)."""
+        """No boot is kept from now on; returns every actor still in the table, and every
+        one made whose exit nobody waited for (a boot in flight, a process replaced), to
+        kill (again: killing a dead actor does nothing)."""
         with self._lock:
             self._closed = True
             actors = [a for p in self._current.values() for a in p.actors]
             actors += [a for found in self._found.values() for a in found]
+            known = {_actor_id(a) for a in actors}
+            actors += [a for k, a in self._made.items() if k not in known]
             self._current.clear()
             self._found.clear()
             return actors
@@ -309,6 +334,7 @@ class ActorTable:
                 "booting": len(self._booting),
                 "ended": len(self._ended),
                 "processes": len(self._processes),
+                "made": len(self._made),
             }
 
 

@@ -360,12 +360,8 @@ class RecoveryRuntime(RuntimeViews):
         self.failstop.check()
         return self.router.generate(prompt, max_new_tokens, group=group)
 
-    def rollout(
-        self,
-        prompts: list[list[int]],
-        sampling: Sampling | None = None,
-        policy: Policy | None = None,
-    ) -> list[PromptSamples]:
+    def rollout(self, prompts: list[list[int]], sampling: Sampling | None = None,
+                policy: Policy | None = None) -> list[PromptSamples]:  # fmt: skip
         """Sample every prompt (token ids) ``sampling.n`` times on the serving groups, in
         batches, and return each prompt's samples with their tokens, log-probabilities,
         finish reasons and certificates; a call on a process that dies or hangs is issued
@@ -419,6 +415,7 @@ class RecoveryRuntime(RuntimeViews):
                             "run's, left running", len(left))  # fmt: skip
             else:
                 kill(left)
+                self.actors_table.wait_gone(left, timeout_s=30.0)  # nothing of them remains
             if self._journal is not None:
                 self._journal.close()
         return drained

@@ -50,6 +50,8 @@ import ray
 import torch
 
 from ..export.canary import Answer
+from . import scratch
+from .actors import exited
 from .engine import Generation, WeightsHeld, manifest_version
 from .sampling import Batch, EngineSample, Loop, Sampling
 from .vllm_worker import shard_files
@@ -96,6 +98,8 @@ class VLLMEngine:
     def __init__(self, config: dict[str, Any], group: str, incarnation: int) -> None:
         for key, value in ENGINE_ENV.items():
             os.environ.setdefault(key, value)
+        # What vLLM writes at a boot goes in a folder removed once this process is gone.
+        self._scratch = scratch.claim(exited)
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         self.config = config
         self.group = group
@@ -150,7 +154,8 @@ class VLLMEngine:
 
     def boot_empty(self) -> WeightsHeld:
         with self._lock:
-            self._config_dir = tempfile.mkdtemp(prefix="recovery-fsm-vllm-config-")
+            self._config_dir = tempfile.mkdtemp(prefix="recovery-fsm-vllm-config-",
+                                                dir=self._scratch)  # fmt: skip
             with open(os.path.join(self._config_dir, "config.json"), "w") as f:
                 json.dump(self.config, f)
             self._boot(self._config_dir, load_format="dummy")
@@ -265,12 +270,13 @@ class VLLMEngine:
         began = time.perf_counter()
         vllm = importlib.import_module("vllm")
         imported = time.perf_counter()
-        self.llm = vllm.LLM(
-            model=model,
-            load_format=load_format,
-            worker_extension_cls="recovery_fsm.ray.vllm_worker.WeightLoader",
-            **self.OPTIONS,
-        )
+        with scratch.as_tempdir(self._scratch):  # its rendezvous file
+            self.llm = vllm.LLM(
+                model=model,
+                load_format=load_format,
+                worker_extension_cls="recovery_fsm.ray.vllm_worker.WeightLoader",
+                **self.OPTIONS,
+            )
         booted = time.perf_counter()
         # The first forward pass costs seconds (kernels packed, caches sized): paid here, not
         # by the first request or the admission check.
