@@ -166,7 +166,7 @@ def cpu_s(proc: subprocess.Popen[bytes]) -> float:
     return total
 
 
-def throughput(work: Path, path: Path, args: argparse.Namespace) -> None:
+def throughput(path: Path, args: argparse.Namespace) -> None:
     rows: dict[tuple[str, int], list[tuple[float, list[float], float]]] = {}
     for r in range(args.repeats):
         for arm in ("vllm", "front") if r % 2 == 0 else ("front", "vllm"):
@@ -256,7 +256,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         path = model_dir(work)
-        throughput(work, path, args)
+        throughput(path, args)
         if args.kills:
             kills(path, 2, args)
             kills(path, 1, args)

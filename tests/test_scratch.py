@@ -64,7 +64,7 @@ def test_the_wait_for_an_exit_removes_the_folder() -> None:
     assert not mine.exists()
 
 
-def test_another_processs_folder_and_other_files_are_left_alone(tmp_path: Path) -> None:
+def test_another_hosts_folder_is_left_alone() -> None:
     base = Path(tempfile.gettempdir())
     other = base / f"{scratch.PREFIX}-another-host-1"  # another machine sharing the folder
     other.mkdir(exist_ok=True)

@@ -67,14 +67,11 @@ class Batcher:
         self._gather_s = gather_s
         self._lanes: dict[Sampling, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # held, or the loop may drop them
-        self.calls = 0  # rollout calls made (a benchmark reads requests per call)
-        self.requests = 0
 
     async def submit(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptSamples]:
         lane = self._lanes.setdefault(sampling, _Lane())
         me = _Waiting(prompts, asyncio.get_running_loop().create_future())
         lane.waiting.append(me)
-        self.requests += 1
         self._dispatch(sampling, lane)
         return await me.answer
 
@@ -112,20 +109,19 @@ class Batcher:
             self._dispatch(sampling, lane)
 
     async def _answer(self, sampling: Sampling, taken: list[_Waiting]) -> None:
-        self.calls += 1
         try:
             results = await self._rollout([p for w in taken for p in w.prompts], sampling,
                                           self._policy)  # fmt: skip
-        except (BadSampling, RolloutFailed) as err:
-            if len(taken) > 1 and (isinstance(err, BadSampling) or err.refused):
+        except BaseException as err:
+            refused = isinstance(err, BadSampling) or (
+                isinstance(err, RolloutFailed) and err.refused
+            )
+            if len(taken) > 1 and refused:
                 # One request's fault, perhaps: each alone (in turn, in this call's slot),
                 # so it fails only its own.
                 for w in taken:
                     await self._answer(sampling, [w])
                 return
-            _settle(taken, err)
-            return
-        except BaseException as err:
             _settle(taken, err)
             if not isinstance(err, Exception):
                 raise
