@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 from recovery_fsm import RecoveryConfig, Rules  # noqa: E402
 from recovery_fsm.export import model_digest  # noqa: E402
-from recovery_fsm.ray import RecoveryRuntime, ReferenceEngine  # noqa: E402
+from recovery_fsm.ray import RecoveryRuntime, ReferenceEngine, StartFailed  # noqa: E402
 from recovery_fsm.search.replay import replay  # noqa: E402
 
 # The engines that misbehave are defined here: Ray's workers cannot import a test module,
@@ -844,3 +844,54 @@ def test_a_hosted_controller_that_breaks_stops_the_runtime_too(tmp_path: Path) -
             assert rt.close() is False
     finally:
         ray.kill(actor)
+
+
+class UnbuildableEngine(ReferenceEngine):
+    """Refuses its model in the constructor, as vLLM's CPU build refuses a head size."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise ValueError("head size 8 is not supported by this build\nuse 64")
+
+
+def test_a_boot_failure_names_the_engines_own_error(tmp_path: Path) -> None:
+    rt = runtime(tmp_path, engine=UnbuildableEngine, groups=["g0"])
+    try:
+        with pytest.raises(StartFailed) as caught:
+            rt.start(trainer())
+        # The engine's exception type and message, not the first line of Ray's banner.
+        assert "ValueError: head size 8 is not supported by this build" in str(caught.value)
+        assert "use 64" in str(caught.value)
+    finally:
+        rt.close()
+
+
+class FailingRestartEngine(ReferenceEngine):
+    """g1's restart from the checkpoint raises (incarnation 2); its cold relaunches then
+    crash on an illegal instruction, with no Python exception."""
+
+    def boot_from_checkpoint(self, path: str) -> Any:
+        if self.group == "g1" and self.incarnation == 2:
+            raise OSError("checkpoint shard unreadable")
+        return super().boot_from_checkpoint(path)
+
+    def boot_empty(self) -> Any:
+        if self.group == "g1" and self.incarnation > 2:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGILL)
+        return super().boot_empty()
+
+
+def test_a_failed_restart_journals_the_engines_own_error(tmp_path: Path) -> None:
+    model = trainer()
+    with runtime(tmp_path, engine=FailingRestartEngine) as rt:
+        serving_v1(rt, model)
+        rt.kill("g1")
+        wait_for(lambda: journal_events(tmp_path, "RelaunchFailed"), what="failed relaunch")
+    loaded = [e["error"] for e in journal_events(tmp_path, "RestartLoadFailed")]
+    assert loaded == ["OSError: checkpoint shard unreadable"], loaded
+    # A crash without a Python exception: the process's pid and the fatal line it wrote.
+    crashed = journal_events(tmp_path, "RelaunchFailed")[0]["error"]
+    assert "ActorDiedError: the engine process (pid " in crashed, crashed
+    assert "Fatal Python error: Illegal instruction" in crashed, crashed
+    assert_replays_clean(tmp_path)

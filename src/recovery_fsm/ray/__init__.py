@@ -2,9 +2,10 @@
 the controller's decisions on them (see ``runtime.py`` for how they fit)."""
 
 from .actors import ActorTable, Booted, BootFailed, Launcher
+from .causes import cause_of
 from .cluster import start_local_cluster
 from .engine import Generation, ReferenceEngine, RolloutEngine, WeightsHeld
-from .errors import AlreadyStarted, BadRuntimeInput, VersionNotAbove
+from .errors import AlreadyStarted, BadRuntimeInput, StartFailed, VersionNotAbove
 from .hosting import RecoveryControllerActor, RemoteController, RemoteLink
 from .monitor import HealthMonitor
 from .placement import SharedRootError, check_shared_root
@@ -63,11 +64,13 @@ __all__ = [
     "Sample",
     "Sampling",
     "SharedRootError",
+    "StartFailed",
     "Statistics",
     "TrafficRouter",
     "VLLMEngine",
     "VersionNotAbove",
     "WeightsHeld",
+    "cause_of",
     "check_shared_root",
     "start_local_cluster",
 ]

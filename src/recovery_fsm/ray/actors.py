@@ -29,6 +29,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..errors import Fenced
 from . import scratch
+from .causes import cause_of
 from .engine import WeightsHeld
 from .errors import BadRuntimeInput
 
@@ -546,9 +547,8 @@ class Launcher:
                 ref = call(a)
                 refs += list(ref) if isinstance(ref, tuple) else [ref]
             return tuple(ray.get(refs, timeout=self.call_timeout_s))
-        except Exception as err:
-            first = str(err).splitlines()[0] if str(err) else ""
-            return BootFailed(f"{type(err).__name__}: {first}")
+        except Exception as err:  # the engine's own exception, not Ray's banner
+            return BootFailed(cause_of(err))
 
 
 def config_dict(model_config: Any) -> dict[str, Any]:

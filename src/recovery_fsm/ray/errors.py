@@ -18,6 +18,11 @@ class VersionNotAbove(RecoveryError, ValueError):
     """A push or sync of a version not above the fleet's; nothing was pushed."""
 
 
+class StartFailed(RecoveryError, RuntimeError):
+    """``start`` could not boot a group or give it the first weights; the message carries
+    the engine's own error. The runtime is left to ``close``."""
+
+
 class BadRuntimeInput(RecoveryError, TypeError):
     """An argument of the runtime is not what it expects; nothing was started."""
 

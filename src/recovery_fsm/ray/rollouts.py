@@ -44,6 +44,7 @@ import ray
 
 from .. import RecoveryError
 from .actors import ActorTable
+from .causes import cause_of
 from .sampling import Batch, EngineSample, Sampling, check_prompts
 
 log = logging.getLogger(__name__)
@@ -439,7 +440,7 @@ class _Call:
     def _failed(self, route: _Route, idx: list[int], err: BaseException) -> None:
         """That process is not asked again in this call; its prompts still owe."""
         self.bad.add((route.group, route.incarnation))
-        why = f"{route.group}#{route.incarnation}: {type(err).__name__}: {err}"[:300]
+        why = f"{route.group}#{route.incarnation}: {cause_of(err)}"
         for i in idx:
             self.errors[i] = why
         log.info("a rollout call on %s#%d failed (%s): its %d prompts are issued again",

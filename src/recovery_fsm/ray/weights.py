@@ -23,6 +23,8 @@ from ..export.canary import of_model as canary_of
 from ..host import ControllerQueries
 from . import admission
 from .actors import ActorTable, BootFailed, Launcher
+from .causes import cause_of
+from .errors import StartFailed
 from .rollouts import SyncGate
 from .safety import SafetyCounters
 
@@ -75,7 +77,7 @@ class Weights:
             ))  # fmt: skip
         for g, outcome in zip(groups, booted, strict=True):
             if isinstance(outcome, BootFailed):
-                raise RuntimeError(f"group {g} did not boot: {outcome.reason}")
+                raise StartFailed(f"group {g} did not boot: {outcome.reason}")
             pushed = self._launcher.call_all(
                 g, 1, lambda a: a.update_weights.remote(version, weights, epoch=epoch)
             )
@@ -87,7 +89,7 @@ class Weights:
                 )
             )
             if why is not None:
-                raise RuntimeError(f"group {g} did not take the initial weights: {why}")
+                raise StartFailed(f"group {g} did not take the initial weights: {why}")
             register(g, admission.evidence(self._launcher, digest, expected))
 
     def push(self, model: Any, version: int, canary: Canary | None) -> dict[str, int]:
@@ -218,7 +220,7 @@ def answers(
             except Fenced:
                 raise
             except Exception as err:
-                out[key] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                out[key] = cause_of(err)
     return out
 
 
