@@ -65,7 +65,16 @@ from .events import (
     Tick,
     WeightsSynced,
 )
-from .machines import SYNC_VERDICTS, sync_verdict
+from .machines import (
+    SYNC_VERDICTS,
+    CheckpointState,
+    GroupState,
+    Label,
+    PoolState,
+    StandbyState,
+    SwitchState,
+    sync_verdict,
+)
 from .rules import STANDBY_PREFIX, Rules
 from .state import Lease
 
@@ -76,6 +85,7 @@ __all__ = [
     "CancelExport",
     "CheckpointDeleted",
     "CheckpointPinned",
+    "CheckpointState",
     "CheckpointUnpinned",
     "CheckpointView",
     "ClaimStandby",
@@ -95,13 +105,16 @@ __all__ = [
     "Fenced",
     "GroupFailed",
     "GroupRegistered",
+    "GroupState",
     "GroupVerified",
     "GroupView",
     "InvariantViolation",
+    "Label",
     "Lease",
     "LoadCheckpoint",
     "LoadStandby",
     "MalformedEvent",
+    "PoolState",
     "ProbeFailed",
     "ProbeOk",
     "RecoveryConfig",
@@ -121,12 +134,14 @@ __all__ = [
     "StandbyBooted",
     "StandbyFailed",
     "StandbyLoaded",
+    "StandbyState",
     "StandbyVerified",
     "StandbyView",
     "StartStandby",
     "StopFound",
     "StopGroup",
     "StopStandby",
+    "SwitchState",
     "Tick",
     "UnknownGroup",
     "UnknownVersion",

@@ -24,7 +24,7 @@ import attrs
 import ray
 import torch
 
-from .. import GroupView, RecoveryConfig
+from .. import GroupState, GroupView, RecoveryConfig, StandbyState
 from .. import effects as fx
 from ..errors import RecoveryError
 from ..journal.ledger import Ledger
@@ -499,7 +499,8 @@ def _wait_standbys(rt: RecoveryRuntime, size: int, note: Callable[[str], None]) 
     """Wait (up to a minute) until the pool's standbys have booted."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if sum(1 for v in rt.controller.standbys().values() if v.state != "booting") >= size:
+        views = rt.controller.standbys().values()
+        if sum(1 for v in views if v.state != StandbyState.BOOTING) >= size:
             return
         time.sleep(0.1)
     note("standbys still booting after 60 s: the run starts without them")
@@ -521,6 +522,6 @@ def _settled(rt: RecoveryRuntime) -> bool:
     """Every group serves the fleet's version or was retired."""
     version = rt.ledger.version
     return all(
-        (g.serving and g.version == version) or g.state == "retired"
+        (g.serving and g.version == version) or g.state == GroupState.RETIRED
         for g in rt.controller.groups().values()
     )

@@ -28,7 +28,7 @@ from typing import Any
 
 import ray
 
-from .. import STANDBY_PREFIX, StandbyView
+from .. import STANDBY_PREFIX, StandbyState, StandbyView
 from .. import events as ev
 from ..host import ControllerQueries
 from .actors import ActorTable, kill
@@ -201,7 +201,8 @@ class HealthMonitor:
             started = self._table.started_at(s, 1)
             actors = self._table.of(s, 1)
             # A resuming one answers its verification, under that deadline, instead.
-            booted = view.state not in {"booting", "resuming"} and actors and started is not None
+            waiting = view.state in {StandbyState.BOOTING, StandbyState.RESUMING}
+            booted = not waiting and actors and started is not None
             if booted and now - started >= self.grace_s:  # type: ignore[operator]
                 pings[s] = [a.ping.remote() for a in actors]
         for s in [s for s in self._standby_misses if s not in standbys]:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import ray
 
-from .. import RecoveryController, RecoveryError
+from .. import CheckpointState, GroupState, RecoveryController, RecoveryError, StandbyState
 from .. import events as ev
 from ..journal import JournalHeld, JournalOwner, JsonlJournal, read_journal, trim_torn_tail
 from ..search.replay import rebuild
@@ -242,7 +242,7 @@ def _removed_checkpoints(rt: RecoveryRuntime, version: int, store_pins: frozense
     removed = [str(p) for p in scan.removed_temp]
     for v, p in sorted(scan.committed.items()):
         ck = tracked.get(v)
-        if ck is not None and ck.state in {"exporting", "abandoned"}:
+        if ck is not None and ck.state in {CheckpointState.EXPORTING, CheckpointState.ABANDONED}:
             rt.reporter.report(ev.ExportCommitted, version=v, path=str(p))
         elif ck is None and (
             v > version or (store_pins is not None and v < version and v not in store_pins)
@@ -347,9 +347,10 @@ def take_over(
     return _describe(rt, version, found, silent, removed, settled, store_pins is None)
 
 
-_MOVING = frozenset(
-    {"resuming", "failed", "awaiting_checkpoint", "loading", "claiming", "relaunching"}
-)
+_MOVING = frozenset({
+    GroupState.RESUMING, GroupState.FAILED, GroupState.AWAITING_CHECKPOINT, GroupState.LOADING,
+    GroupState.CLAIMING, GroupState.RELAUNCHING,
+})  # fmt: skip
 
 
 def _at_rest(rt: RecoveryRuntime, version: int) -> bool:
@@ -361,7 +362,7 @@ def _at_rest(rt: RecoveryRuntime, version: int) -> bool:
         all(v.state not in _MOVING for v in views)
         and all(routes.get(v.name) is not None for v in views if v.serving)
         and all(c <= version for c in rt.controller.checkpoints())
-        and all(s.state != "resuming" for s in rt.controller.standbys().values())
+        and all(s.state != StandbyState.RESUMING for s in rt.controller.standbys().values())
     )
 
 
@@ -382,7 +383,7 @@ def _describe(
     reloaded: list[str] = []
     restarted: list[str] = []
     for g, view in sorted(after.items()):
-        if view.state in {"retired", "stopped"}:
+        if view.state in {GroupState.RETIRED, GroupState.STOPPED}:
             continue
         now = [_actor_id(a) for a in rt.actors_table.of(g, view.incarnation)]
         if not now or any(survived.get(a) != g for a in now):
