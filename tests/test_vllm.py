@@ -304,6 +304,17 @@ def test_five_kills_leave_no_process_no_shared_memory_and_no_growing_memory() ->
 # -- the runtime, recovering vLLM engines -------------------------------------------------
 
 
+def _poison(worker: Any, name_part: str) -> str:
+    """Run in vLLM's worker (``collective_rpc``): set the first parameter whose name holds
+    ``name_part`` to NaN, as a reload that went wrong would leave it."""
+    for name, p in worker.model_runner.model.named_parameters():
+        if name_part in name:
+            with torch.no_grad():
+                p.fill_(float("nan"))
+            return str(name)
+    raise KeyError(f"no parameter named like {name_part!r}")
+
+
 def flagged(flags: str) -> type[VLLMEngine]:
     """vLLM engines that misbehave while a file says so: ``<flags>/<group>.push`` (``die`` or
     ``hang`` in a push) and ``<flags>/<group>.boot`` (``slow``: a boot from a checkpoint waits
@@ -326,7 +337,7 @@ def flagged(flags: str) -> type[VLLMEngine]:
                 time.sleep(0.05)
             held = super().boot_from_checkpoint(path)
             if self._flag("boot") == "poison":
-                self.poison("model.norm.weight")
+                self.llm.collective_rpc(_poison, args=("model.norm.weight",))
             return held
 
     return FlaggedVLLM

@@ -251,12 +251,6 @@ class VLLMEngine:
             return Batch(samples, self._held_version(), self.group, self.incarnation,
                          self._loop.steps, elapsed)  # fmt: skip
 
-    def poison(self, name_part: str) -> str:
-        """Set one parameter to NaN inside the engine (tests of admission)."""
-        with self._lock:
-            self._require_boot("poison")
-            return str(self.llm.collective_rpc("recovery_poison", args=(name_part,))[0])
-
     def shutdown(self) -> None:
         with self._lock:
             self.llm = None

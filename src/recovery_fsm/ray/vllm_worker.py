@@ -10,7 +10,6 @@ files are read here and handed over as an iterator, which works after either boo
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +34,6 @@ class WeightLoader:
         between processes does not carry tensors."""
         self.model_runner.reload_weights(weights_iterator=iter(named))
         return len(named)
-
-    def recovery_poison(self, name_part: str) -> str:
-        """Set the first parameter whose name contains ``name_part`` to NaN (for the tests
-        that check a NaN left by a reload is refused)."""
-        for name, p in self.model_runner.model.named_parameters():
-            if name_part in name:
-                with torch.no_grad():
-                    p.fill_(math.nan)
-                return str(name)
-        raise KeyError(f"no parameter named like {name_part!r}")
 
 
 def shard_files(path: str) -> list[str]:
