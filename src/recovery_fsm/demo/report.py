@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 from collections.abc import Sequence
 
 import attrs
+from rich.console import Console
+from rich.table import Table
 
 from ..journal.ledger import PATHS, percentile
 from ..search.replay import replay
@@ -163,3 +166,50 @@ def render_plain(reports: Sequence[Report]) -> str:
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table
     )
+
+
+def print_report(console: Console, reports: Sequence[Report]) -> None:
+    """The report as a table of the runs side by side.
+
+    A file or a CI log has no width of its own (rich would assume 80 columns and wrap every
+    cell), so there the table takes the width its content needs. A terminal (or ``COLUMNS``)
+    gets as many runs side by side as fit; with less room, one run per table."""
+    table = rows(reports)
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        whole = _table(table, title="report")
+        whole.width = _natural_width(console, whole)
+        console.print(whole, crop=False)
+        return
+    runs = len(table[0]) - 1
+    per = next((n for n in range(runs, 1, -1) if _fits(console, _pieces(table, n))), 1)
+    for t in _pieces(table, per):
+        console.print(t)
+
+
+def _pieces(table: Sequence[tuple[str, ...]], per: int) -> list[Table]:
+    """The table cut into tables of ``per`` runs each, every one with the rows' names."""
+    return [_table([(r[0], *r[i : i + per]) for r in table], title="report" if i == 1 else None)
+            for i in range(1, len(table[0]), per)]  # fmt: skip
+
+
+def _table(table: Sequence[tuple[str, ...]], title: str | None) -> Table:
+    header, *body = table
+    out = Table(title=title)
+    for i, cell in enumerate(header):
+        out.add_column(cell, justify="left" if i == 0 else "right")
+    safety = False
+    for r in body:
+        # The safety section is the indented rows under its heading; any of them not 0 is red.
+        safety = r[0] == SAFETY or (safety and r[0].startswith(" "))
+        bad = safety and r[0] != SAFETY and any(x != "0" for x in r[1:])
+        out.add_row(*r, style="bold red" if bad else None)
+    return out
+
+
+def _fits(console: Console, tables: Sequence[Table]) -> bool:
+    return all(_natural_width(console, t) <= console.width for t in tables)
+
+
+def _natural_width(console: Console, table: Table) -> int:
+    """The width a table takes when no cell wraps."""
+    return console.measure(table, options=console.options.update_width(1 << 16)).maximum
