@@ -13,13 +13,9 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from .report import SAFETY, Report, rows
-
-COLOURS = {
-    "active": "green", "suspect": "yellow", "failed": "bold red", "awaiting_checkpoint": "magenta",
-    "loading": "cyan", "relaunching": "blue", "pending_weights": "bright_black",
-    "retired": "red", "stopped": "bright_black", "resuming": "bright_magenta",
-}  # fmt: skip
+from .. import Label
+from ..journal import palette
+from .report import Report, print_report
 
 
 class Display:
@@ -72,16 +68,7 @@ class Display:
         self.note(f"sync {version}/{steps} | {g} | {c}")
 
     def report(self, reports: Sequence[Report]) -> None:
-        table = Table(title="report", show_lines=False)
-        header, *body = rows(reports)
-        for i, cell in enumerate(header):
-            table.add_column(cell or "", justify="left" if i == 0 else "right")
-        safety = False
-        for r in body:
-            safety = safety or r[0] == SAFETY
-            bad = safety and r[0] != SAFETY and any(x != "0" for x in r[1:])
-            table.add_row(*r, style="bold red" if bad else None)
-        self.console.print(table)
+        print_report(self.console, reports)
 
     def __enter__(self) -> Display:
         return self
@@ -97,9 +84,9 @@ def _groups_table(groups: dict[str, Any], version: int) -> Table:
     for col in ("group", "state", "version", "incarnation", "immediate recovery", "restarts"):
         t.add_column(col)
     for name, g in groups.items():
-        colour = COLOURS.get(g.state, "white")
-        t.add_row(name, f"[{colour}]{g.state}[/]", str(g.version), str(g.incarnation),
-                  g.recovery, str(g.restarts))  # fmt: skip
+        t.add_row(name, _state(Label.GROUP, g.state), str(g.version), str(g.incarnation),
+                  _state(Label.RECOVERY, g.recovery), str(g.restarts))  # fmt: skip
+    t.caption = _legend(Label.GROUP, {g.state for g in groups.values()})
     return t
 
 
@@ -108,5 +95,17 @@ def _checkpoints_table(checkpoints: dict[int, Any]) -> Table:
     for col in ("version", "state", "leases", "pinned"):
         t.add_column(col)
     for v, c in checkpoints.items():
-        t.add_row(str(v), c.state, str(c.leases), "yes" if c.pinned else "")
+        t.add_row(str(v), _state(Label.CHECKPOINT, c.state), str(c.leases),
+                  "yes" if c.pinned else "")  # fmt: skip
+    t.caption = _legend(Label.CHECKPOINT, {c.state for c in checkpoints.values()})
     return t
+
+
+def _state(label: str, state: str) -> str:
+    return f"[{palette.swatch(label, state).style}]{state}[/]"
+
+
+def _legend(label: str, shown: set[str]) -> str:
+    """The legend of the states on screen, in the timeline's order and words."""
+    return "  ".join(f"[{s.style}]■ {s.legend}[/]" for state, s in palette.of(label).items()
+                     if state in shown)  # fmt: skip

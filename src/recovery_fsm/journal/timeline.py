@@ -20,7 +20,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from .. import Label
 from ..errors import RecoveryError
+from . import palette
 from .ledger import Ledger
 
 ROW_IN = 0.5  # height of one row, inches
@@ -30,19 +32,9 @@ MARGINS_IN = _TOP_IN + _BOTTOM_IN
 _LABEL_GAP_IN = 0.35  # a sync label closer than this to the next labelled one is left out
 _SYNC_COLOR = "#555555"
 
-# Serving in greens, waiting in blues, starting in oranges, failed red, the end in greys.
-STATE_COLORS = {
-    "active": "#2ca02c",
-    "suspect": "#a6d96a",
-    "pending_weights": "#9ecae1",
-    "awaiting_checkpoint": "#3182bd",
-    "resuming": "#6baed6",
-    "loading": "#fdae6b",
-    "relaunching": "#e6550d",
-    "failed": "#d62728",
-    "retired": "#636363",
-    "stopped": "#cccccc",
-}
+# A group's rows: the colours and legend of every group state (``palette``), in legend order.
+GROUP_SWATCHES = palette.of(Label.GROUP)
+STATE_COLORS = {state: s.hex for state, s in GROUP_SWATCHES.items()}
 EXPORT_COLORS = {
     "committed": "#6a51a3",
     "running": "#bcbddc",
@@ -61,6 +53,7 @@ class TimelineInfo:
     path: Path
     rows: tuple[str, ...]  # top to bottom: the groups by first appearance, then "exports"
     size: tuple[int, int]  # (width, height) of the PNG in pixels
+    legend: tuple[str, ...] = ()  # the legend's entries, in order
 
 
 def draw(
@@ -121,7 +114,7 @@ def draw(
     _syncs(ax, [(at - t0, v) for at, v in ledger.syncs], _LABEL_GAP_IN * span_s / plot_w)
 
     handles: list[Artist] = [
-        *(Patch(color=c, label=k.replace("_", " ")) for k, c in STATE_COLORS.items() if k in drawn),
+        *(Patch(color=s.hex, label=s.legend) for k, s in GROUP_SWATCHES.items() if k in drawn),
         *(Patch(color=c, label=f"export {k}") for k, c in EXPORT_COLORS.items()
           if any(e.outcome == k for e in ledger.exports)),
     ]  # fmt: skip
@@ -146,7 +139,8 @@ def draw(
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=dpi, format="png")
-    return TimelineInfo(out, rows, canvas.get_width_height(physical=True))
+    legend = tuple(str(h.get_label()) for h in handles)
+    return TimelineInfo(out, rows, canvas.get_width_height(physical=True), legend)
 
 
 def _syncs(ax: Axes, syncs: list[tuple[float, int]], min_gap_s: float) -> None:
