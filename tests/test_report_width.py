@@ -122,3 +122,15 @@ def test_only_a_safety_counter_not_0_is_red(width: int) -> None:
     lines = in_a_terminal(bad, width, colour=True)
     assert [ln for ln in lines if "lost effects" in ln and red in ln]
     assert not [ln for ln in lines if red in ln and "lost effects" not in ln]
+
+
+def test_the_demo_display_prints_the_report_so() -> None:
+    """What ``recovery-fsm demo`` prints at the end, to a log: one line per row."""
+    from recovery_fsm.demo.live import Display
+
+    out = io.StringIO()
+    Display(Console(file=out), live=False).report(REPORTS)
+    lines = out.getvalue().splitlines()
+    assert [cells(ln) for ln in lines if ln.startswith("│")] == [
+        [c.strip() for c in r] for r in rows(REPORTS)[1:]
+    ]
