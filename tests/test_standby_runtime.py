@@ -199,3 +199,41 @@ def test_a_standby_the_push_in_flight_reached_is_claimed_and_serves_when_that_sy
         assert rt.statistics().recoveries == {"standby": 1}
         assert rt.launcher.boots == boots + 1  # the pool's refill only
     assert_replays_clean(tmp_path)
+
+
+def held_standbys(flags: str) -> type[ReferenceEngine]:
+    """Standbys whose boot waits while the file ``<flags>/hold`` exists."""
+
+    class HeldStandbyEngine(ReferenceEngine):
+        def boot_empty(self) -> Any:
+            while self.group.startswith("standby") and os.path.exists(f"{flags}/hold"):
+                time.sleep(0.05)
+            return super().boot_empty()
+
+    return HeldStandbyEngine
+
+
+def test_start_returns_with_every_group_routed_and_wait_ready_waits_for_the_standbys(
+    tmp_path: Path,
+) -> None:
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    seen: list[Any] = []
+
+    def slow_router(effect: Any) -> None:  # each routing effect queues the next behind it
+        time.sleep(0.5)
+        seen.append(effect)
+
+    model = trainer()
+    engine = held_standbys(str(tmp_path))
+    with runtime(tmp_path, standby=1, engine=engine, router=slow_router) as rt:
+        rt.start(model)
+        assert rt.routes == {"g0": (1, 0), "g1": (1, 0)}  # as sync: routed when it returns
+        assert rt.wait_ready(timeout_s=1.0) is False  # the standby still boots
+        assert standby_state(rt, "standby-1") == "booting"
+        hold.unlink()
+        assert rt.wait_ready(timeout_s=60.0) is True
+        assert standby_state(rt, "standby-1") == "stale"  # booted: the next sync reaches it
+        step(model)
+        assert rt.sync(model, 1) == {"g0": 1, "g1": 1, "standby-1": 1}
+    assert_replays_clean(tmp_path)

@@ -125,6 +125,9 @@ class ControllerQueries(Protocol):
 
     def up_standbys(self) -> list[str]: ...
 
+    @property
+    def pool_state(self) -> str: ...
+
 
 class ControllerLink:
     def __init__(

@@ -183,6 +183,10 @@ class RemoteController:
         return list(self._q("up_standbys"))
 
     @property
+    def pool_state(self) -> str:
+        return str(self._q("pool_state"))
+
+    @property
     def drained(self) -> bool:
         return bool(self._q("drained"))
 

@@ -256,26 +256,28 @@ class RecoveryRuntime(RuntimeViews):
             self.failstop.journal = str(path)
 
     def start(self, model: Any) -> None:
-        """Boot every group with ``model``'s weights (``initial_version``), then watch."""
+        """Boot every group with ``model``'s weights (``initial_version``), then watch.
+        Returns once every group serves; standbys boot after: ``wait_ready`` waits for them."""
         with self._lifetime:
             if self._started or self._closed:
-                raise AlreadyStarted(
-                    "this runtime was started already"
-                    + (" and closed" if self._closed else "")
-                    + ": start() boots the fleet once; make a new RecoveryRuntime to start over"
-                )
+                closed = " and closed" if self._closed else ""
+                raise AlreadyStarted(f"this runtime was started already{closed}: start() boots"
+                                     " the fleet once; make a new RecoveryRuntime")  # fmt: skip
             self._started = True
         self.failstop.check()
         check_shared_root(self.store.root, self.launcher.actor_options)
+        routes: list[Any] = []
 
         def register(group: str, evidence: str) -> None:
-            self.reporter.send(ev.GroupRegistered, group=group, version=self.initial_version,
-                               evidence=evidence)  # fmt: skip
+            routes.extend(self.reporter.send(ev.GroupRegistered, group=group, evidence=evidence,
+                                             version=self.initial_version))  # fmt: skip
             if self.controller.incarnation(group) != 1:
                 raise RuntimeError(f"the controller numbered {group}'s first process otherwise")
 
         self.weights.boot(self.groups, self.initial_version, model, register)
         self.monitor.start()
+        if not self.router.wait_routed(routes, self.call_timeout_s):  # as synced waits
+            log.warning("start: routing not applied in %.0f s", self.call_timeout_s)
 
     def sync(self, model: Any, version: int) -> dict[str, int]:
         """A weight sync to ``version``: ``push``, then ``synced`` (report and export).

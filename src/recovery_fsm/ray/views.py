@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import PoolState, RecoveryConfig, StandbyState
 from ..errors import Fenced
 from ..host import ControllerQueries, EffectError, Link
 from ..journal.ledger import PATHS, Ledger
@@ -33,6 +34,8 @@ class RuntimeViews:
     monitor: HealthMonitor
     reporter: Reporter
     failstop: FailStop
+    groups: list[str]
+    config: RecoveryConfig
 
     @property
     def fenced(self) -> bool:
@@ -96,6 +99,23 @@ class RuntimeViews:
             **{f"runner.{k}": v for k, v in self.runner.sizes().items()},
             **{f"router.{k}": v for k, v in self.router.sizes().items()},
         }
+
+    def wait_ready(self, timeout_s: float = 300.0) -> bool:
+        """Wait until every group serves and the standbys have booted (each claimable), or
+        the pool gave up filling; False on timeout. Until then a kill takes the reboot path:
+        ``start`` returns as soon as the groups serve, while the standbys still boot."""
+
+        def ready() -> bool:
+            routes = self.router.routes
+            if any(routes.get(g) is None for g in self.groups):
+                return False
+            if self.controller.pool_state != PoolState.FILLING:
+                return True
+            up = [s for s in self.controller.standbys().values()
+                  if s.state != StandbyState.BOOTING]  # fmt: skip
+            return len(up) >= self.config.standby
+
+        return self.reporter.wait(ready, timeout_s)
 
     def wait_drained(self, timeout: float) -> bool:
         """Wait until the controller has nothing outstanding (after ``Shutdown``)."""
