@@ -34,6 +34,7 @@ def test_a_restart_that_lands_after_a_sync_and_catches_up_in_place_is_immediate(
     ledger = Ledger(records)
     [r] = ledger.recoveries
     assert (r.group, r.path, r.latency_s) == ("g1", "immediate", 11.0)
+    assert (r.incarnation, r.attempts) == (1, 1)  # a load in place is no second start
     assert ledger.idle_group_seconds(until=30.0) == pytest.approx(11.0)
     assert ledger.metrics(until=30.0)["recovery/immediate_latency_p50_s"] == 11.0
 
@@ -63,6 +64,8 @@ def test_a_cold_start_admitted_by_a_sync_is_cold_and_counts_its_cooldown() -> No
     ledger = Ledger(records)
     [r] = ledger.recoveries
     assert (r.path, r.latency_s) == ("cold", 8.0)
+    # The failure it answers (the first process's death), and the two starts it took.
+    assert (r.incarnation, r.reason, r.attempts) == (1, "GroupFailed", 2)
     assert ledger.cooldowns == 1
     assert [(m.group, m.incarnation, m.detail) for m in ledger.crashes] == [
         ("g1", 1, "GroupFailed"), ("g1", 2, "corrupt")

@@ -68,6 +68,7 @@ def test_a_trainer_killed_mid_way_resumes_on_the_engines_that_survived(
     # Nothing leaked: the pinned C(2) and the new C(3); no temporaries, no abandoned C(3).
     assert after["dirs"] == ["step-2", "step-3"]
     assert after["dirs_after_close"] == ["step-2"]  # shutdown deletes what is not pinned
+    assert after["hf_saves"] == {"2": "step-2"}  # the run's save, made before the crash
     assert after["loads_from_deleted"] == 0
     assert after["drained"] and after["left"] == 0  # every detached engine is gone
     assert after["replay_ok"], after["replay"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TINY_LLAMA, serving, wait_for
+from conftest import TINY_LLAMA, process_gone, serving, wait_for
 
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
@@ -213,7 +213,7 @@ def held_standbys(flags: str) -> type[ReferenceEngine]:
     return HeldStandbyEngine
 
 
-def test_start_returns_with_every_group_routed_and_wait_ready_waits_for_the_standbys(
+def test_start_routes_wait_ready_waits_for_standbys_processes_and_recoveries_say_who(
     tmp_path: Path,
 ) -> None:
     hold = tmp_path / "hold"
@@ -236,4 +236,20 @@ def test_start_returns_with_every_group_routed_and_wait_ready_waits_for_the_stan
         assert standby_state(rt, "standby-1") == "stale"  # booted: the next sync reaches it
         step(model)
         assert rt.sync(model, 1) == {"g0": 1, "g1": 1, "standby-1": 1}
+        wait_for(lambda: rt.controller.checkpoint_state(1) == "ready", what="export of v1")
+        before = rt.processes()
+        assert sorted(before) == ["g0", "g1", "standby-1"]
+        [spare] = before["standby-1"]
+        assert spare.pid is not None and not process_gone(spare.pid)
+        assert spare.node_id == ray.get_runtime_context().get_node_id() and spare.node_ip
+        assert len({p.pid for ps in before.values() for p in ps}) == 3
+        rt.kill("g0")
+        wait_for(lambda: rt.controller.incarnation("g0") == 2 and serving(rt, "g0"),
+                 what="g0 back on the standby")  # fmt: skip
+        [now] = rt.processes()["g0"]
+        assert (now.incarnation, now.pid) == (2, spare.pid)  # the standby's own process
+        # The ledger says which failure that recovery answered, its path and its idle time.
+        [r] = rt.ledger.recoveries
+        assert (r.group, r.incarnation, r.reason, r.path) == ("g0", 1, "actor died", "standby")
+        assert 0 < r.latency_s < 60
     assert_replays_clean(tmp_path)

@@ -24,6 +24,7 @@ from recovery_fsm import RecoveryConfig
 from recovery_fsm.journal import read_journal
 from recovery_fsm.ray import RecoveryRuntime
 from recovery_fsm.search.replay import replay
+from recovery_fsm.trainer import RecoveryHooks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import TINY_LLAMA
@@ -206,7 +207,8 @@ def resume(args: argparse.Namespace) -> None:
                   for a in rt.actors_table.of(g, v.incarnation)]
               for g, v in views.items()}  # fmt: skip
     dirs = sorted(os.listdir(args.root))
-    drained = rt.close()
+    closed = RecoveryHooks(rt).close()  # the trainer's hooks close the runtime
+    drained = closed.drained
     left = [a for a in ray.util.list_named_actors(all_namespaces=True)
             if a["namespace"] == f"recovery-fsm.{args.run}"]  # fmt: skip
     report = replay(args.journal)
@@ -226,6 +228,7 @@ def resume(args: argparse.Namespace) -> None:
         "whoami": whoami,
         "dirs": dirs,
         "dirs_after_close": sorted(os.listdir(args.root)),
+        "hf_saves": {v: os.path.basename(p) for v, p in closed.hf_saves.items()},
         "loads_from_deleted": stats.loads_from_deleted,
         "refused_reports": stats.refused_reports,
         "drained": drained,

@@ -62,10 +62,17 @@ class ExportSpan:
 
 @attrs.frozen
 class Recovery:
+    """One outage of a group: the failure it answers (``incarnation``, ``reason``, when),
+    the path that brought the group back, and when it served again. Failed restarts on
+    the way belong to the same outage (``attempts`` starts made in all)."""
+
     group: str
     failed_at: float
     admitted_at: float
     path: str  # one of PATHS
+    incarnation: int = 0  # the process that failed
+    reason: str = ""  # why it failed, as the journal says
+    attempts: int = 1  # starts made until one served (a failed restart adds one)
 
     @property
     def latency_s(self) -> float:
@@ -94,8 +101,11 @@ def percentile(values: Iterable[float], q: float) -> float:
 @attrs.define
 class _Outage:
     failed_at: float
+    incarnation: int
+    reason: str
     waited: bool = False
     path: str | None = None
+    attempts: int = 1
 
 
 class Ledger:
@@ -239,9 +249,10 @@ class Ledger:
             self._keep_last(self._crashes, Mark(at, who, int(inc), str(why)))
             self.failures += 1
             if outage is None:
-                self._outages[who] = _Outage(at)
+                self._outages[who] = _Outage(at, int(inc), str(why))
             else:  # a restart failed: the path is decided again from here
                 outage.waited, outage.path = False, None
+                outage.attempts += 1
         elif outage is None:
             return
         elif name == GroupEvent.AWAIT_CHECKPOINT:
@@ -257,7 +268,9 @@ class Ledger:
         elif target == GroupState.ACTIVE:  # admitted: after a failure, only by a load or a sync
             del self._outages[who]
             path = outage.path or "cold"
-            self._keep_last(self._recoveries, Recovery(who, outage.failed_at, at, path))
+            self._keep_last(self._recoveries, Recovery(
+                who, outage.failed_at, at, path, outage.incarnation, outage.reason,
+                outage.attempts))  # fmt: skip
             self._recovered[path] += 1
         elif target in (GroupState.RETIRED, GroupState.STOPPED):
             del self._outages[who]

@@ -26,6 +26,7 @@ from .runtime import RecoveryRuntime
 from .safety import SafetyCounters, SafetySnapshot
 from .sampling import BadSampling, Batch, EngineSample, EngineWedged, Sampling
 from .statistics import Statistics
+from .views import EngineProcess
 from .vllm_engine import VLLMEngine
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "Booted",
     "Certificate",
     "EffectRunner",
+    "EngineProcess",
     "EngineSample",
     "EngineWedged",
     "FailStop",

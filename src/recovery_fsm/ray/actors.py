@@ -326,6 +326,17 @@ class ActorTable:
             self._found.clear()
             return actors
 
+    def current(self) -> dict[str, tuple[int, list[Any]]]:
+        """Each group's and standby's current incarnation, with a ref per actor to its
+        answer to ``process()`` (pid, node), asked again where it is no longer kept."""
+        with self._lock:
+            now = {n: (p.incarnation, list(p.actors)) for n, p in self._current.items()}
+            kept = dict(self._processes)
+        return {
+            name: (inc, [kept.get(_actor_id(a)) or a.process.remote() for a in actors])
+            for name, (inc, actors) in now.items()
+        }
+
     def sizes(self) -> Mapping[str, int]:
         """Entries per structure (for the bounded-bookkeeping test)."""
         with self._lock:

@@ -4,9 +4,13 @@ the parts it composes and the calls that change the fleet."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from .. import PoolState, RecoveryConfig, StandbyState
+import attrs
+import ray
+
+from .. import CheckpointState, PoolState, RecoveryConfig, StandbyState
 from ..errors import Fenced
 from ..host import ControllerQueries, EffectError, Link
 from ..journal.ledger import PATHS, Ledger
@@ -18,6 +22,17 @@ from .router import TrafficRouter
 from .runner import EffectRunner
 from .safety import SafetyCounters
 from .statistics import Statistics
+
+
+@attrs.frozen
+class EngineProcess:
+    """Where one actor of a group or standby runs: what ``ps`` on its node shows."""
+
+    name: str  # the group or standby
+    incarnation: int
+    pid: int | None  # None: the actor is still being made
+    node_id: str | None
+    node_ip: str | None
 
 
 class RuntimeViews:
@@ -99,6 +114,35 @@ class RuntimeViews:
             **{f"runner.{k}": v for k, v in self.runner.sizes().items()},
             **{f"router.{k}": v for k, v in self.router.sizes().items()},
         }
+
+    def pinned_checkpoints(self) -> dict[int, Path]:
+        """The run's pinned checkpoints that committed, whichever of its trainer processes
+        exported them (one a resume replaced included): on disk until ``unpin``."""
+        committed = {CheckpointState.READY, CheckpointState.SUPERSEDED}
+        return {
+            v: Path(c.path)
+            for v, c in self.controller.checkpoints().items()
+            if c.pinned and c.path is not None and c.state in committed
+        }
+
+    def processes(self, timeout_s: float = 10.0) -> dict[str, list[EngineProcess]]:
+        """The operating-system process of each actor of every group and standby now: its
+        pid and Ray node (a claimed standby's process serves its group, same pid)."""
+        current = self.actors_table.current()
+        refs = [r for _, rs in current.values() for r in rs]
+        done = set(ray.wait(refs, num_returns=len(refs), timeout=timeout_s)[0]) if refs else set()
+        ips = {n["NodeID"]: n.get("NodeManagerAddress") for n in ray.nodes()}  # type: ignore[no-untyped-call]
+        out: dict[str, list[EngineProcess]] = {}
+        for name, (inc, rs) in sorted(current.items()):
+            for r in rs:
+                try:
+                    pid, node = ray.get(r, timeout=0) if r in done else (None, None)
+                except Exception:  # died meanwhile: the monitor reports it
+                    pid, node = None, None
+                out.setdefault(name, []).append(
+                    EngineProcess(name, inc, pid, node, ips.get(node) if node else None)
+                )
+        return out
 
     def wait_ready(self, timeout_s: float = 300.0) -> bool:
         """Wait until every group serves and the standbys have booted (each claimable), or
