@@ -593,3 +593,31 @@ def test_a_closed_exporter_says_so(model: Any, tmp_path: Path) -> None:
     with pytest.raises(ExporterClosed, match="closed"):
         ex.export_model(1, model)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_load_model_holds_the_verified_tensors_and_answers_as_from_pretrained(
+    tmp_path: Path, tied: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verified tensors become the model's parameters: no initialisation and no second
+    copy through from_pretrained; tied weights stay one tensor; the answers are the same."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    source = AutoModelForCausalLM.from_config(tiny_config(tie_word_embeddings=tied)).eval()
+    with AsyncHFExporter(tmp_path) as ex:
+        path = ex.export_model(1, source).result(60)
+    reference = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+
+    def second_pass(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("load_model copied the weights again through from_pretrained")
+
+    monkeypatch.setattr(LlamaForCausalLM, "from_pretrained", second_pass)
+    loaded = load_model(path)
+    assert not loaded.training
+    embed, head = loaded.model.embed_tokens.weight, loaded.lm_head.weight
+    assert (embed.data_ptr() == head.data_ptr()) is tied
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, reference(ids).logits)
+        assert torch.equal(loaded(ids).logits, source(ids).logits)

@@ -108,10 +108,36 @@ def load_model(path: str | os.PathLike[str], **kwargs: Any) -> Any:
         )
     config = transformers.AutoConfig.from_pretrained(str(p))
     cls = _model_class(config)
-    model = cls.from_pretrained(None, config=config, state_dict=loaded.state_dict, **kwargs)
+    model = None if kwargs else _assigned(cls, config, loaded.state_dict)
+    if model is None:  # placement or dtype asked for, or hub names the model converts
+        model = cls.from_pretrained(None, config=config, state_dict=loaded.state_dict, **kwargs)
     if (p / "generation_config.json").is_file():
         model.generation_config = transformers.GenerationConfig.from_pretrained(str(p))
     return model
+
+
+def _assigned(cls: Any, config: Any, state: dict[str, torch.Tensor]) -> Any:
+    """The model built without initialising its weights, then holding the verified tensors
+    themselves: ``from_pretrained`` with a state dict initialises every weight and then
+    copies each one in, a second pass over the weights that the check already made. None
+    where the checkpoint's names or shapes are not the model's own (transformers converts
+    some hub layouts as it loads them, e.g. fused experts)."""
+    import importlib
+
+    try:  # transformers 5 moved the switch that skips weight initialisation
+        no_init = importlib.import_module("transformers.initialization").no_init_weights
+    except (ImportError, AttributeError):
+        no_init = importlib.import_module("transformers.modeling_utils").no_init_weights
+    with no_init():
+        model = cls(config)
+    own = model.state_dict()
+    if own.keys() != state.keys() or any(
+        own[k].shape != t.shape or own[k].dtype != t.dtype for k, t in state.items()
+    ):
+        return None
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tie_weights()
+    return model.eval()
 
 
 def _model_class(config: Any) -> Any:
