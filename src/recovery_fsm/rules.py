@@ -1017,9 +1017,9 @@ class Rules:
         pool = self.pool.record
         if self.closed or pool.state != PoolState.FILLING:
             return
-        if self._claim_checked():
-            return
         alive = sum(1 for sb in self.standbys.values() if sb.record.state not in STANDBY_FINAL)
+        if alive >= pool.size or self._claim_checked():  # full first: a scan of every group
+            return  # after every event would make an event's cost grow with the fleet
         for _ in range(pool.size - alive):
             self.standby_serial += 1
             name = f"{STANDBY_PREFIX}{self.standby_serial}"
