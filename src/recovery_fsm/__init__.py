@@ -76,7 +76,7 @@ from .machines import (
     sync_verdict,
 )
 from .rules import STANDBY_PREFIX, Rules
-from .state import Lease
+from .state import Lease, StartKind
 
 __all__ = [
     "STANDBY_PREFIX",
@@ -137,6 +137,7 @@ __all__ = [
     "StandbyState",
     "StandbyVerified",
     "StandbyView",
+    "StartKind",
     "StartStandby",
     "StopFound",
     "StopGroup",

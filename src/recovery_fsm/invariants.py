@@ -21,6 +21,7 @@ from .machines import (
     StandbyState,
     SwitchState,
 )
+from .state import StartKind
 
 if TYPE_CHECKING:
     from .rules import Rules
@@ -73,13 +74,13 @@ def violations(rules: Rules) -> list[str]:
         # flight; an up group's has none. Killed or stopped starts wait for their outcome.
         start = rules.starts.get((name, r.incarnation))
         kind = (
-            "claim"
+            StartKind.CLAIM
             if state == GroupState.CLAIMING
-            else "load"
+            else StartKind.LOAD
             if state in LOADING
-            else "relaunch"
+            else StartKind.RELAUNCH
             if state in RELAUNCHING
-            else "verify"
+            else StartKind.VERIFY
             if state == GroupState.RESUMING
             else None
         )
@@ -110,9 +111,9 @@ def violations(rules: Rules) -> list[str]:
         sr = s.record
         start = rules.starts.get((name, 1))
         want = {
-            StandbyState.BOOTING: "boot",
-            StandbyState.LOADING: "load",
-            StandbyState.RESUMING: "verify",
+            StandbyState.BOOTING: StartKind.BOOT,
+            StandbyState.LOADING: StartKind.LOAD,
+            StandbyState.RESUMING: StartKind.VERIFY,
         }.get(str(sr.state))
         if want is not None and (start is None or start.kind != want):
             out.append(f"standby {name!r} is {sr.state} without its {want} in flight")
@@ -123,9 +124,10 @@ def violations(rules: Rules) -> list[str]:
         if sr.state == StandbyState.READY and sr.version != fleet:
             out.append(f"standby {name!r} is ready on version {sr.version}, fleet is {fleet}")
     for (name, _), start in rules.starts.items():
-        if start.kind == "boot" and name not in rules.standbys:
+        if start.kind == StartKind.BOOT and name not in rules.standbys:
             out.append(f"a boot of {name!r} is in flight for no standby")
-        if start.kind == "verify" and name not in rules.standbys and name not in rules.groups:
+        orphan = name not in rules.standbys and name not in rules.groups
+        if start.kind == StartKind.VERIFY and orphan:
             out.append(f"a verification of {name!r} is in flight for no process")
 
     # At most one export in flight, of the current version.

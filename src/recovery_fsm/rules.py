@@ -178,7 +178,7 @@ from .machines import (
     stays,
     sync_verdict,
 )
-from .state import CheckpointSlot, GroupSlot, Lease, PoolSlot, StandbySlot, Start
+from .state import CheckpointSlot, GroupSlot, Lease, PoolSlot, StandbySlot, Start, StartKind
 
 # Final checkpoint states remembered (for clear refusals and queries about recent versions).
 FINISHED_KEPT = 16
@@ -197,16 +197,16 @@ _UNPINNABLE = _PINNABLE | {CheckpointState.ABANDONED}
 # A group's start, by kind: the states its group is in while it waits on it, and the reports
 # that end it (besides a death). A report of another kind answers nothing and is refused.
 _WAITS_IN = {
-    "load": LOADING,
-    "claim": LOADING,
-    "relaunch": RELAUNCHING,
-    "verify": frozenset({GroupState.RESUMING}),
+    StartKind.LOAD: LOADING,
+    StartKind.CLAIM: LOADING,
+    StartKind.RELAUNCH: RELAUNCHING,
+    StartKind.VERIFY: frozenset({GroupState.RESUMING}),
 }
-_OUTCOMES: dict[str, tuple[type[ev.Event], ...]] = {
-    "load": ev.LOAD_OUTCOMES,
-    "claim": ev.LOAD_OUTCOMES,
-    "relaunch": ev.RELAUNCH_OUTCOMES,
-    "verify": (ev.GroupVerified,),
+_OUTCOMES: dict[StartKind, tuple[type[ev.Event], ...]] = {
+    StartKind.LOAD: ev.LOAD_OUTCOMES,
+    StartKind.CLAIM: ev.LOAD_OUTCOMES,
+    StartKind.RELAUNCH: ev.RELAUNCH_OUTCOMES,
+    StartKind.VERIFY: (ev.GroupVerified,),
 }
 
 
@@ -571,7 +571,8 @@ class Rules:
             s.version, s.since = None, self.now
             if answered:
                 start = self.starts.get((s.name, 1))
-                self.starts[(s.name, 1)] = Start("verify", None if start is None else start.lease)
+                lease = None if start is None else start.lease
+                self.starts[(s.name, 1)] = Start(StartKind.VERIFY, lease)
                 self._emit(fx.VerifyStandby(s.name))
             return
         r = slot.record
@@ -581,7 +582,7 @@ class Rules:
         if answered:  # the answer, not the dead runtime's outcome, ends what it ran
             start = self.starts.get((r.name, r.incarnation))
             lease = None if start is None else start.lease
-            self.starts[(r.name, r.incarnation)] = Start("verify", lease)
+            self.starts[(r.name, r.incarnation)] = Start(StartKind.VERIFY, lease)
             self._emit(fx.VerifyGroup(r.name, r.incarnation))
 
     def _resume_lost(self, slot: GroupSlot | StandbySlot, silent: bool) -> None:
@@ -742,7 +743,7 @@ class Rules:
                 f"was never started (current: {r.incarnation})"
             )
         start = self.starts.get((e.group, e.incarnation))
-        if start is None or start.kind != "verify":
+        if start is None or start.kind != StartKind.VERIFY:
             raise EventNotAllowed(
                 f"GroupVerified for incarnation {e.incarnation} of group {e.group!r}, which "
                 f"nobody asked to verify (the group is {r.state}, incarnation {r.incarnation})"
@@ -767,7 +768,7 @@ class Rules:
         found = self._current(e, LOADING)
         if e.version is not None:
             start = self.starts[(e.group, e.incarnation)]
-            if start.kind != "claim" or start.lease is not None:
+            if start.kind != StartKind.CLAIM or start.lease is not None:
                 raise EventNotAllowed(
                     f"RestartLoaded for {e.group}#{e.incarnation} names version {e.version}: "
                     "only a standby claimed as it is may be found holding another"
@@ -833,7 +834,7 @@ class Rules:
     # -- the runtime, about one standby --------------------------------------------------------
 
     def check_StandbyBooted(self, e: ev.StandbyBooted) -> StandbySlot | StandbyOrphan:
-        return self._standby(e, frozenset({StandbyState.BOOTING}), "boot")
+        return self._standby(e, frozenset({StandbyState.BOOTING}), StartKind.BOOT)
 
     def on_StandbyBooted(self, e: ev.StandbyBooted, found: StandbySlot | StandbyOrphan) -> None:
         sb = self._settle_standby(found)
@@ -845,7 +846,7 @@ class Rules:
         self._catch_up_standby(sb)
 
     def check_StandbyLoaded(self, e: ev.StandbyLoaded) -> StandbySlot | StandbyOrphan:
-        found = self._standby(e, frozenset({StandbyState.LOADING}), "load")
+        found = self._standby(e, frozenset({StandbyState.LOADING}), StartKind.LOAD)
         lease = self.starts[(e.standby, 1)].lease
         assert lease is not None
         if lease.version != e.version:
@@ -883,7 +884,7 @@ class Rules:
     # -- recovery rules ----------------------------------------------------------------------
 
     def check_StandbyVerified(self, e: ev.StandbyVerified) -> StandbySlot | StandbyOrphan:
-        return self._standby(e, frozenset({StandbyState.RESUMING}), "verify")
+        return self._standby(e, frozenset({StandbyState.RESUMING}), StartKind.VERIFY)
 
     def on_StandbyVerified(self, e: ev.StandbyVerified, found: StandbySlot | StandbyOrphan) -> None:
         sb = self._settle_standby(found)
@@ -968,7 +969,7 @@ class Rules:
             assert ck.record.state == CheckpointState.READY and ck.record.path is not None
             lease = Lease(r.name, r.incarnation, ck.record.version, self.fleet.version)
             ck.record.leases += 1
-        self.starts[(r.name, r.incarnation)] = Start("claim", lease, s.version)
+        self.starts[(r.name, r.incarnation)] = Start(StartKind.CLAIM, lease, s.version)
         self._fire_group(g, GroupEvent.CLAIM)
         self._fire_standby(sb, StandbyEvent.CLAIM)
         self._forget_standby(sb)
@@ -989,7 +990,7 @@ class Rules:
         assert ck is not None and ck.record.path is not None
         s.since = self.now
         lease = Lease(s.name, 1, ck.record.version, self.fleet.version)
-        self.starts[(s.name, 1)] = Start("load", lease)
+        self.starts[(s.name, 1)] = Start(StartKind.LOAD, lease)
         ck.record.leases += 1
         self._emit(fx.LoadStandby(s.name, lease.version, ck.record.path))
 
@@ -1025,7 +1026,7 @@ class Rules:
             name = f"{STANDBY_PREFIX}{self.standby_serial}"
             record = StandbyRecord(name, self.fleet, since=self.now, state=StandbyState.BOOTING)
             self.standbys[name] = StandbySlot(record, build=True)
-            self.starts[(name, 1)] = Start("boot", None)
+            self.starts[(name, 1)] = Start(StartKind.BOOT, None)
             self.transitions.append(
                 (Label.of(Label.STANDBY, name), Label.CREATE, "", StandbyState.BOOTING)
             )
@@ -1078,7 +1079,7 @@ class Rules:
         assert ck.record.path is not None
         r = self._next_incarnation(g)
         lease = Lease(r.name, r.incarnation, ck.record.version, self.fleet.version)
-        self.starts[(r.name, r.incarnation)] = Start("load", lease)
+        self.starts[(r.name, r.incarnation)] = Start(StartKind.LOAD, lease)
         ck.record.leases += 1
         self._fire_group(g, GroupEvent.LOAD)
         self._emit(fx.RestartFromCheckpoint(r.name, r.incarnation, lease.version, ck.record.path))
@@ -1103,7 +1104,7 @@ class Rules:
         previous = r.incarnation
         self._next_incarnation(g)  # the same process, renumbered (no restart is counted)
         lease = Lease(r.name, r.incarnation, ck.record.version, self.fleet.version)
-        self.starts[(r.name, r.incarnation)] = Start("load", lease)
+        self.starts[(r.name, r.incarnation)] = Start(StartKind.LOAD, lease)
         ck.record.leases += 1
         self._emit(
             fx.LoadCheckpoint(r.name, r.incarnation, lease.version, ck.record.path, previous)
@@ -1118,7 +1119,7 @@ class Rules:
 
     def _relaunch(self, g: GroupSlot) -> None:
         r = self._next_incarnation(g)
-        self.starts[(r.name, r.incarnation)] = Start("relaunch", None)
+        self.starts[(r.name, r.incarnation)] = Start(StartKind.RELAUNCH, None)
         self._fire_group(g, GroupEvent.RELAUNCH)
         self._emit(fx.RestartCold(r.name, r.incarnation))
 
@@ -1177,13 +1178,13 @@ class Rules:
         for (name, incarnation), start in sorted(self.starts.items()):
             if name in self.standbys:
                 what = "the boot" if start.lease is None else f"a load of C({start.lease.version})"
-                if start.kind == "verify":
+                if start.kind == StartKind.VERIFY:
                     what = "the answer since the resume"
                 out.append(f"{what} of standby {name!r} has not reported")
                 continue
-            what = {"relaunch": "a cold start", "claim": "a claim of a standby"}.get(
-                start.kind, f"a load of C({start.lease.version if start.lease else '?'})"
-            )
+            what = {
+                StartKind.RELAUNCH: "a cold start", StartKind.CLAIM: "a claim of a standby"
+            }.get(start.kind, f"a load of C({start.lease.version if start.lease else '?'})")
             out.append(f"{what} of group {name!r} incarnation {incarnation} has not reported")
         for v, ck in sorted(self.checkpoints.items()):
             state = ck.record.state
@@ -1273,7 +1274,7 @@ class Rules:
         self,
         e: ev.StandbyBooted | ev.StandbyLoaded | ev.StandbyFailed | ev.StandbyVerified,
         states: frozenset[str],
-        kind: str | None,
+        kind: StartKind | None,
     ) -> StandbySlot | StandbyOrphan:
         """The standby, when ``e`` is about it in one of ``states`` with a start of ``kind``
         in flight (None: any or none); a ``StandbyOrphan`` when ``e`` is the outcome of a

@@ -4,6 +4,7 @@ with their machines (built lazily from the records, so a copy copies plain data)
 from __future__ import annotations
 
 import copy
+import enum
 
 import attrs
 from statemachine import StateMachine
@@ -37,13 +38,25 @@ class Lease:
         return f"{self.group}#{self.incarnation}"
 
 
+class StartKind(str, enum.Enum):
+    """What a start in flight is: only the reports of its kind end it (and a death). A
+    group's are load, claim, relaunch and verify; a standby's boot, load and verify."""
+
+    LOAD = "load"
+    CLAIM = "claim"
+    RELAUNCH = "relaunch"
+    VERIFY = "verify"
+    BOOT = "boot"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @attrs.frozen
 class Start:
     """A start of a group's (or a standby's) process whose outcome has not been reported."""
 
-    # "load" | "claim" | "relaunch" | "verify" (a group's); "boot" | "load" | "verify" (a
-    # standby's). Only the reports of its kind end it (and a death).
-    kind: str
+    kind: StartKind = attrs.field(converter=StartKind)
     lease: Lease | None  # a load's lease on its checkpoint
     # A claim without a load: the version the standby held when it was claimed.
     version: int | None = None
