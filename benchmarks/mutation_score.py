@@ -1,10 +1,13 @@
-"""Mutation score of the property suite against ``src/recovery_fsm/rules.py``.
+"""Mutation score of the property suite against ``rules.py`` and ``machines.py``.
 
     PYTHONPATH=src .venv/bin/python benchmarks/mutation_score.py [--sample N] [--seed S] [--jobs 2]
+        [--target rules|machines|both]
 
 Why: the property suite (the Hypothesis race search and the exhaustive explorer over the real
 rules, plus random event streams) claims to catch any rule broken in isolation. This checks
-that claim: it makes one-line mutants of the rule code, runs only
+that claim: it makes one-line mutants of the rule code (and, with ``--target``, of the
+machines: a transition's target, a guard turned round, an alternative dropped, the records'
+conditions), runs only
 ``tests/property/test_races.py`` and ``tests/property/test_random_events.py`` against each,
 and counts which mutants the suite kills. ``test_mutants.py`` (hand-written broken variants)
 and the unit tests are deliberately left out.
@@ -40,6 +43,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = Path("recovery_fsm") / "rules.py"
+MACHINES = Path("recovery_fsm") / "machines.py"
+# The classes whose constants name states: a state constant may be swapped for a sibling.
+NAME_CLASSES = ("CheckpointState", "GroupState", "StandbyState", "PoolState", "SwitchState")
 SUITE = ["tests/property/test_races.py", "tests/property/test_random_events.py"]
 
 # Methods of ``Rules`` that are plumbing, not rules: never mutated.
@@ -67,10 +73,12 @@ class Mutant:
     before: str  # the original line, without newline
     after: str  # the mutated line
     where: str = ""  # the method it is in: finds the line again after rules.py moves
+    file: str = "rules.py"  # in src/recovery_fsm
 
     @property
     def label(self) -> str:
-        return f"L{self.line} {self.where} {self.op}"
+        prefix = "" if self.file == "rules.py" else f"{self.file}:"
+        return f"{prefix}L{self.line} {self.where} {self.op}"
 
     def diff(self) -> str:
         return f"-{self.before}\n+{self.after}"
@@ -109,8 +117,12 @@ def _replace(line: str, start: int, end: int, text: str) -> str:
     return line[:start] + text + line[end:]
 
 
-def _token_mutants(source: str, scope: set[int]) -> Iterator[tuple[int, str, int, int, str]]:
-    """(line, op, start col, end col, replacement) for every token-level mutation."""
+def _token_mutants(
+    source: str, scope: set[int], constants: dict[str, list[str]] | None = None
+) -> Iterator[tuple[int, str, int, int, str]]:
+    """(line, op, start col, end col, replacement) for every token-level mutation;
+    ``constants``: each state-name class's attributes (``GroupState.LOADING`` may become a
+    sibling)."""
     toks = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
             if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)]  # fmt: skip
     states = {name: alts for alts in STATE_SETS for name in alts}
@@ -153,6 +165,11 @@ def _token_mutants(source: str, scope: set[int]) -> Iterator[tuple[int, str, int
             else:
                 yield row, f"int {n} -> {n + 1}", col, ecol, str(n + 1)
                 yield row, f"int {n} -> {n - 1}", col, ecol, str(n - 1)
+        elif (t.type == tokenize.NAME and constants and prev is not None and prev.string == "."
+              and i >= 2 and toks[i - 2].string in constants):  # fmt: skip
+            for alt in constants[toks[i - 2].string]:
+                if alt != s:
+                    yield row, f"state {toks[i - 2].string}.{s} -> {alt}", col, ecol, alt
         elif t.type == tokenize.STRING and s[0] in "\"'" and s[1:-1] in states:
             name = s[1:-1]
             alts = sorted({a for group in STATE_SETS if name in group for a in group} - {name})
@@ -172,14 +189,26 @@ def _deletable(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Delete)
 
 
-def enumerate_mutants(source: str) -> list[Mutant]:
+def state_constants(machines_source: str) -> dict[str, list[str]]:
+    """Each state-name class of machines.py and its attribute names, read from its text."""
+    out: dict[str, list[str]] = {}
+    for node in ast.parse(machines_source).body:
+        if isinstance(node, ast.ClassDef) and node.name in NAME_CLASSES:
+            out[node.name] = [
+                t.target.id for t in node.body
+                if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name)
+            ]  # fmt: skip
+    return out
+
+
+def enumerate_mutants(source: str, constants: dict[str, list[str]] | None = None) -> list[Mutant]:
     """Every one-line mutant of the rule code that parses and differs from the original."""
     tree = ast.parse(source)
     original = ast.dump(tree)
     lines = source.splitlines()
     scope, methods = _rule_lines(tree)
     raw: list[tuple[int, str, str]] = []
-    for row, op, start, end, text in _token_mutants(source, scope):
+    for row, op, start, end, text in _token_mutants(source, scope, constants):
         raw.append((row, op, _replace(lines[row - 1], start, end, text)))
     for fn in methods:
         for node in ast.walk(fn):
@@ -216,15 +245,83 @@ def _method_at(methods: list[ast.FunctionDef], line: int) -> str:
     return next((f.name for f in methods if f.lineno <= line <= (f.end_lineno or 0)), "")
 
 
+def enumerate_machine_mutants(source: str) -> list[Mutant]:
+    """One-line mutants of machines.py: in a state machine, a transition's target swapped
+    for another state of the machine, ``cond=`` and ``unless=`` swapped, one alternative of
+    an event dropped; in the records, the token mutations of their methods' conditions."""
+    tree = ast.parse(source)
+    original = ast.dump(tree)
+    lines = source.splitlines()
+    raw: list[tuple[int, str, str, str]] = []  # line, op, mutated line, class
+    methods: list[ast.FunctionDef] = []
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        machine = any(isinstance(b, ast.Name) and b.id == "StateMachine" for b in cls.bases)
+        if not machine:
+            for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+                methods.append(fn)
+                body = fn.body
+                if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value,
+                                                                       ast.Constant):
+                    body = body[1:]  # fmt: skip
+                scope = {ln for st in body for ln in range(st.lineno, (st.end_lineno or 0) + 1)}
+                for row, op, start, end, text in _token_mutants(source, scope):
+                    raw.append((row, op, _replace(lines[row - 1], start, end, text), cls.name))
+            continue
+        states = [
+            t.targets[0].id for t in cls.body
+            if isinstance(t, ast.Assign) and isinstance(t.targets[0], ast.Name)
+            and isinstance(t.value, ast.Call) and getattr(t.value.func, "id", "") == "State"
+        ]  # fmt: skip
+        for node in ast.walk(cls):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "to" and node.lineno == node.end_lineno):  # fmt: skip
+                continue
+            line = lines[node.lineno - 1]
+            if node.args and isinstance(node.args[0], ast.Name):
+                target = node.args[0]
+                for alt in states:
+                    if alt != target.id:
+                        raw.append((node.lineno, f"target {target.id} -> {alt}",
+                                    _replace(line, target.col_offset, target.end_col_offset
+                                             or 0, alt), cls.name))  # fmt: skip
+            for kw in node.keywords:
+                if kw.arg in ("cond", "unless"):
+                    other = "unless" if kw.arg == "cond" else "cond"
+                    col = line.index(f"{kw.arg}=", node.col_offset)
+                    raw.append((node.lineno, f"guard {kw.arg} -> {other}",
+                                _replace(line, col, col + len(kw.arg), other), cls.name))
+            # Drop this alternative: "| a.to(b)" after it, or "a.to(b) |" before the next.
+            seg = line[node.func.value.col_offset : node.end_col_offset]
+            for alt_text in (f" | {seg}", f"| {seg}", f"{seg} | "):
+                if alt_text in line:
+                    raw.append((node.lineno, "drop alternative", line.replace(alt_text, "", 1),
+                                cls.name))  # fmt: skip
+                    break
+    out: list[Mutant] = []
+    seen: set[tuple[int, str]] = set()
+    for row, op, after, where in sorted(raw):
+        if (row, after) in seen or after == lines[row - 1]:
+            continue
+        seen.add((row, after))
+        mutated = "\n".join([*lines[: row - 1], after, *lines[row:]]) + "\n"
+        try:
+            if ast.dump(ast.parse(mutated)) == original:
+                continue
+        except SyntaxError:
+            continue
+        out.append(Mutant(row, op, lines[row - 1], after, where, file="machines.py"))
+    return out
+
+
 def sample(mutants: list[Mutant], n: int, seed: int) -> list[Mutant]:
     """A seeded sample spread over the file: lines in random order, one mutant per line per
     round, so no single line (or operator-rich line) dominates."""
     if n >= len(mutants):
         return list(mutants)
     rng = random.Random(seed)
-    by_line: dict[int, list[Mutant]] = defaultdict(list)
+    by_line: dict[tuple[str, int], list[Mutant]] = defaultdict(list)
     for m in mutants:
-        by_line[m.line].append(m)
+        by_line[(m.file, m.line)].append(m)
     order = sorted(by_line)
     rng.shuffle(order)
     for line in order:
@@ -234,7 +331,7 @@ def sample(mutants: list[Mutant], n: int, seed: int) -> list[Mutant]:
         for line in order:
             if by_line[line] and len(picked) < n:
                 picked.append(by_line[line].pop())
-    return sorted(picked, key=lambda m: (m.line, m.op, m.after))
+    return sorted(picked, key=lambda m: (m.file, m.line, m.op, m.after))
 
 
 # -- running the suite -----------------------------------------------------------------------
@@ -249,7 +346,7 @@ def run_mutant(
     with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
         src = Path(tmp) / "src"
         shutil.copytree(base / "src", src)
-        path = src / RULES
+        path = src / "recovery_fsm" / m.file
         lines = path.read_text().splitlines()
         assert lines[m.line - 1] == m.before, f"{m.label}: source drifted"
         lines[m.line - 1] = m.after
@@ -304,7 +401,8 @@ def run_all(
             outcomes.append(o)
             print(f"[{done}/{len(mutants)}] {o.status:8} {o.seconds:6.1f}s {o.mutant.label}"
                   f"  {o.detail}", flush=True)  # fmt: skip
-    return sorted(outcomes, key=lambda o: (o.mutant.line, o.mutant.op, o.mutant.after))
+    return sorted(outcomes, key=lambda o: (o.mutant.file, o.mutant.line, o.mutant.op,
+                                           o.mutant.after))  # fmt: skip
 
 
 def relocate(rows: list[dict[str, object]], source: str) -> list[Mutant]:
@@ -354,17 +452,24 @@ def main() -> int:
     p.add_argument("--self-test", action="store_true", help="run only the two controls")
     p.add_argument("--json", type=Path, help="also write every outcome here")
     p.add_argument("--rerun", type=Path, help="rerun the survivors listed in an earlier --json")
+    p.add_argument("--target", choices=("rules", "machines", "both"), default="both")
     args = p.parse_args()
 
     source = (ROOT / "src" / RULES).read_text()
-    every = enumerate_mutants(source)
+    machines = (ROOT / "src" / MACHINES).read_text()
+    every = []
+    if args.target in ("rules", "both"):
+        every += enumerate_mutants(source, state_constants(machines))
+    if args.target in ("machines", "both"):
+        every += enumerate_machine_mutants(machines)
     chosen = sample(every, args.sample or len(every), args.seed)
     if args.rerun:
         chosen = relocate(json.loads(args.rerun.read_text()), source)
     ops = Counter(m.op.split()[0] for m in every)
-    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
-    lines = len({m.line for m in every})
-    print(f"rules.py sha256 {digest}: {len(every)} candidate mutants on {lines} lines "
+    digest = hashlib.sha256((source + machines).encode()).hexdigest()[:12]
+    lines = len({(m.file, m.line) for m in every})
+    print(f"rules.py + machines.py sha256 {digest}: {len(every)} candidate mutants ({args.target})"
+          f" on {lines} lines "
           f"({', '.join(f'{k} {v}' for k, v in sorted(ops.items()))}); "
           f"running {len(chosen)} with seed {args.seed}, {args.jobs} jobs", flush=True)  # fmt: skip
     if args.list:
@@ -378,8 +483,10 @@ def main() -> int:
         for part in ("src", "tests"):
             shutil.copytree(ROOT / part, base / part, ignore=skip)
         shutil.copy(ROOT / "pyproject.toml", base)
-        if (base / "src" / RULES).read_text() != source:
-            raise RuntimeError("rules.py changed while the mutants were being listed; rerun")
+        if ((base / "src" / RULES).read_text(), (base / "src" / MACHINES).read_text()) != (
+            source, machines
+        ):
+            raise RuntimeError("the code changed while the mutants were being listed; rerun")
         controls = _known(source)
         print("controls (no-op must survive, dropping _cool must be killed):", flush=True)
         checks = run_all([m for m, _ in controls], base, args.jobs, args.timeout, args.seed)
