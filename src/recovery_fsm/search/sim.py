@@ -28,7 +28,7 @@ from ..config import RecoveryConfig
 from ..controller import RecoveryController
 from ..errors import RecoveryError
 from ..rules import Rules
-from .world import World
+from .world import PROC_RUNNING, SPARE_RUNNING, ProcStatus, SpareStatus, World
 
 TRAINER, HEALTH, SCHEDULER = "trainer", "health", "scheduler"
 
@@ -279,7 +279,7 @@ class Sim:
                 out += [
                     Action(HEALTH, "fail", g)
                     for g, p in w.procs.items()
-                    if p.status in {"up", "loading", "relaunching"}
+                    if p.status in PROC_RUNNING
                 ]
             if s.standby_deaths and self.failures < s.max_failures:
                 out += [Action(HEALTH, "standby_dies", n) for n in w._alive()]
@@ -330,7 +330,7 @@ class Sim:
         ran = {k for k, load in w.loads.items() if k[0] not in w.spares and not load.resumed}
         for g, i in sorted(ran | w.relaunches):
             p = w.procs[g]
-            if p.incarnation != i or p.status not in {"loading", "relaunching"}:
+            if p.incarnation != i or p.status not in {ProcStatus.LOADING, ProcStatus.RELAUNCHING}:
                 killed.add((g, i))
         out += [Action(SCHEDULER, "killed_dies", f"{g}#{i}") for g, i in sorted(killed)]
         out += [Action(SCHEDULER, "deleted", v) for v in sorted(set(w.deleting.values()))]
@@ -344,14 +344,17 @@ class Sim:
         aging = set()
         if window is not None:
             for p in w.procs.values():
-                if p.status not in {"retired", "stopped"}:
+                if p.status not in {ProcStatus.RETIRED, ProcStatus.STOPPED}:
                     aging |= {t + window - self.now for t in p.restarted if self.now - t < window}
         limits = {
-            "down": c.deadline("checkpoint"),
-            "loading": c.deadline("load"),
-            "relaunching": c.deadline("relaunch"),
+            ProcStatus.DOWN: c.deadline("checkpoint"),
+            ProcStatus.LOADING: c.deadline("load"),
+            ProcStatus.RELAUNCHING: c.deadline("relaunch"),
         }
-        spare_limits = {"booting": c.deadline("relaunch"), "loading": c.deadline("load")}
+        spare_limits = {
+            SpareStatus.BOOTING: c.deadline("relaunch"),
+            SpareStatus.LOADING: c.deadline("load"),
+        }
         return sorted(
             {p.since + limits[p.status] - self.now for p in w.procs.values() if p.status in limits}
             | {p.since + c.deadline("load") - self.now for p in w.procs.values() if p.verifying}
@@ -363,7 +366,7 @@ class Sim:
             | {
                 s.since + c.deadline("load") - self.now
                 for s in w.spares.values()
-                if s.verifying and s.status in {"booting", "up", "loading"}
+                if s.verifying and s.status in SPARE_RUNNING
             }
             | aging
         )
@@ -378,13 +381,13 @@ class Sim:
 
     def _up(self) -> list[str]:
         """Groups a push reaches: up, and answered since any resume."""
-        return [g for g, p in self.world.procs.items() if p.status == "up" and not p.verifying]
+        procs = self.world.procs.items()
+        return [g for g, p in procs if p.status == ProcStatus.UP and not p.verifying]
 
     def _up_spares(self) -> list[str]:
         """Standbys a push reaches: up, and answered since any resume."""
-        return sorted(
-            n for n, s in self.world.spares.items() if s.status == "up" and not s.verifying
-        )
+        spares = self.world.spares.items()
+        return sorted(n for n, s in spares if s.status == SpareStatus.UP and not s.verifying)
 
     def _pinnable(self) -> list[int]:
         w = self.world
@@ -709,7 +712,7 @@ class Sim:
             return Action(SCHEDULER, "export_cancelled" if x.cancel_requested else "commit", v)
         if w.closed:
             return None
-        waiting = any(p.status == "down" for p in w.procs.values())
+        waiting = any(p.status == ProcStatus.DOWN for p in w.procs.values())
         if waiting and w.fleet not in w.started:
             return Action(TRAINER, "export")
         if waiting:
@@ -743,7 +746,11 @@ class Sim:
                     p.probe_failures,
                     self._ages(p.restarted),
                     p.verifying,
-                    self.now - p.since if p.status in {"down", "loading", "relaunching"} else None,
+                    (
+                        self.now - p.since
+                        if p.status in {ProcStatus.DOWN, ProcStatus.LOADING, ProcStatus.RELAUNCHING}
+                        else None
+                    ),
                 ]
                 for n, p in sorted(w.procs.items())
             },
@@ -760,7 +767,7 @@ class Sim:
             "spares": {
                 n: [s.status, s.holds, s.ever_current, s.verifying, self.now - s.since]
                 for n, s in sorted(w.spares.items())
-                if s.status in {"booting", "up", "loading"} or s.verifying
+                if s.status in SPARE_RUNNING or s.verifying
             },
             "boots": sorted(w.boots),
             "failed_boots": [w.failed_boots, w.exhausted],

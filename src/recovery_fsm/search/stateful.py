@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from ..controller import RecoveryController
 from ..rules import Rules
 from .sim import SCHEDULER, TRAINER, Action, Scope, Sim, small_config, subject_name
+from .world import SpareStatus
 
 # Hypothesis searches a wider world than the explorer: three groups, probes, pins,
 # syncs that leave a group out, more versions and failures.
@@ -140,7 +141,7 @@ def _claim_may_race(sim: Sim, kinds: frozenset[str]) -> bool:
 def _standby_may_serve(sim: Sim) -> bool:
     """A standby holds the fleet's weights, and a group may die now."""
     w = sim.world
-    ready = any(s.status == "up" and s.holds == w.fleet for s in w.spares.values())
+    ready = any(s.status == SpareStatus.UP and s.holds == w.fleet for s in w.spares.values())
     return ready and bool(_enabled(sim, FAILURES))
 
 

@@ -14,6 +14,8 @@ It is fed accepted events only, so ``recovery-fsm replay`` can run it over any j
 
 from __future__ import annotations
 
+from typing import Final
+
 import attrs
 
 from .. import effects as fx
@@ -23,6 +25,34 @@ from ..controller import RecoveryController
 from ..errors import RecoveryError
 from ..machines import SERVING
 from ..rules import FINISHED_KEPT
+
+
+class ProcStatus:
+    """What a group's process is doing as the runtime sees it: the world's own terms, not the
+    group machine's states, so the two can be compared."""
+
+    UP: Final = "up"  # running, with weights or not
+    DOWN: Final = "down"  # dead: waits for a restart (or for a checkpoint to restart from)
+    LOADING: Final = "loading"  # starting from a checkpoint, or a claimed standby's check
+    RELAUNCHING: Final = "relaunching"  # starting cold
+    RETIRED: Final = "retired"
+    STOPPED: Final = "stopped"
+
+
+class SpareStatus:
+    """What a standby's engine is doing as the runtime sees it."""
+
+    BOOTING: Final = "booting"
+    UP: Final = "up"
+    LOADING: Final = "loading"
+    CLAIMED: Final = "claimed"
+    LOST: Final = "lost"
+    STOPPED: Final = "stopped"
+
+
+# A process runs (a resume would find it).
+PROC_RUNNING: Final = frozenset({ProcStatus.UP, ProcStatus.LOADING, ProcStatus.RELAUNCHING})
+SPARE_RUNNING: Final = frozenset({SpareStatus.BOOTING, SpareStatus.UP, SpareStatus.LOADING})
 
 
 @attrs.define
@@ -39,8 +69,7 @@ class Load:
 class Spare:
     """A standby engine as the runtime sees it."""
 
-    # booting | up | loading | claimed | lost | stopped
-    status: str = "booting"
+    status: str = SpareStatus.BOOTING
     holds: int | None = None
     since: float = 0.0
     ever_current: bool = False  # it held the fleet's weights once
@@ -53,8 +82,7 @@ class Proc:
     """A group's current process as the runtime sees it."""
 
     incarnation: int = 1
-    # up | down | loading | relaunching | retired | stopped
-    status: str = "up"
+    status: str = ProcStatus.UP
     holds: int | None = None  # the weight version in memory while up
     since: float = 0.0  # when the current status began
     probe_failures: int = 0
@@ -188,8 +216,8 @@ class World:
         elif isinstance(e, ev.Shutdown):
             self.closed = True
             for p in self.procs.values():
-                if p.status == "down":  # waiting for a checkpoint: nothing left to stop
-                    p.status = "stopped"
+                if p.status == ProcStatus.DOWN:  # waiting for a checkpoint: nothing left to stop
+                    p.status = ProcStatus.STOPPED
         elif isinstance(e, ev.ProbeFailed):
             p = self.procs[e.group]
             p.probe_failures += 1
@@ -204,9 +232,9 @@ class World:
         elif isinstance(e, (ev.Relaunched, ev.RelaunchFailed)):
             self.relaunches.discard((e.group, e.incarnation))
             p = self.procs[e.group]
-            if p.incarnation == e.incarnation and p.status == "relaunching":
+            if p.incarnation == e.incarnation and p.status == ProcStatus.RELAUNCHING:
                 up = isinstance(e, ev.Relaunched)
-                p.status, p.holds, p.since = ("up" if up else "down"), None, e.at
+                p.status, p.holds, p.since = (ProcStatus.UP if up else ProcStatus.DOWN), None, e.at
 
     def _dies(self, group: str, incarnation: int) -> None:
         """That process is gone, and with it whatever it was reading."""
@@ -216,19 +244,16 @@ class World:
         p = self.procs[group]
         reading = load is not None and load.path is not None
         current = p.incarnation == incarnation
-        if current and p.status == "loading" and reading and not p.verifying:
+        if current and p.status == ProcStatus.LOADING and reading and not p.verifying:
             self.recovery[group].cool()  # it died booting from the checkpoint
-        if current and p.status not in {"retired", "stopped"}:
-            p.status, p.holds, p.probe_failures, p.since = "down", None, 0, self.now
+        if current and p.status not in {ProcStatus.RETIRED, ProcStatus.STOPPED}:
+            p.status, p.holds, p.probe_failures, p.since = ProcStatus.DOWN, None, 0, self.now
             p.verifying = False
 
     def current(self) -> dict[str, str]:
         """Every process a resume would find as some group's or standby's: name -> owner."""
-        out = {f"{g}#{p.incarnation}": g for g, p in self.procs.items()
-               if p.status in {"up", "loading", "relaunching"}}  # fmt: skip
-        out |= {
-            f"{n}#1": n for n, s in self.spares.items() if s.status in {"booting", "up", "loading"}
-        }
+        out = {f"{g}#{p.incarnation}": g for g, p in self.procs.items() if p.status in PROC_RUNNING}
+        out |= {f"{n}#1": n for n, s in self.spares.items() if s.status in SPARE_RUNNING}
         return out
 
     def _resumed(self, e: ev.Resumed, out: list[str]) -> None:
@@ -259,7 +284,7 @@ class World:
         self.gone = {x: s for x, s in latest if x <= v}
         self.deleting.clear()  # asked of the dead runtime: the controller must ask again
         for name, s in self.spares.items():
-            s.verifying = s.status in {"booting", "up", "loading"}
+            s.verifying = s.status in SPARE_RUNNING
             load = self.loads.get((name, 1))
             if not s.verifying:
                 self.loads.pop((name, 1), None)  # killed before the event
@@ -272,14 +297,14 @@ class World:
             p = self.procs.get(g)
             if p is None:
                 continue
-            if p.incarnation == i and p.status == "loading":
+            if p.incarnation == i and p.status == ProcStatus.LOADING:
                 load.resumed = True
             else:
                 del self.loads[(g, i)]  # killed before the event
         # A cold start's outcome died with the runtime that ran it: the answer reports it.
         self.relaunches.clear()
         for p in self.procs.values():
-            if p.status in {"up", "loading", "relaunching"}:
+            if p.status in PROC_RUNNING:
                 p.verifying, p.since = True, e.at
         self.verifies = {(g, p.incarnation) for g, p in self.procs.items() if p.verifying}
         for pid in gone:  # gone, or stopped for its silence: it answers nothing
@@ -300,12 +325,12 @@ class World:
         """What a verifying process would answer: the weights it holds once what it was
         doing finished, or ``"gone"`` if that load cannot finish (its files were deleted)."""
         p = self.procs[group]
-        if p.status == "loading":
+        if p.status == ProcStatus.LOADING:
             load = self.loads.get((group, p.incarnation))
             if load is None or load.path is None:
                 return load.version if load is not None else "gone"
             return self.disk.get(load.path, "gone")
-        return p.holds if p.status == "up" else None
+        return p.holds if p.status == ProcStatus.UP else None
 
     def spare_answer(self, name: str) -> int | str | None:
         """What a verifying standby would answer (as ``answer`` does for a group)."""
@@ -313,17 +338,18 @@ class World:
         load = self.loads.get((name, 1))
         if load is not None and load.path is not None:
             return self.disk.get(load.path, "gone")
-        return s.holds if s.status == "up" else None
+        return s.holds if s.status == SpareStatus.UP else None
 
     def _standby_verified(self, e: ev.StandbyVerified, out: list[str]) -> None:
         s = self.spares[e.standby]
         load = self.loads.pop((e.standby, 1), None)
         verifying, s.verifying = s.verifying, False
-        if not verifying or s.status not in {"booting", "up", "loading"}:
+        if not verifying or s.status not in SPARE_RUNNING:
             return  # killed or stopped since: the answer only ends what it owed
         if load is not None and load.path is not None and load.path not in self.disk:
             out.append(f"standby {e.standby} finished loading {load.path}, not on disk")
-        s.status, s.holds, s.since = "up", None if self._abandoned(e.version) else e.version, e.at
+        held = None if self._abandoned(e.version) else e.version
+        s.status, s.holds, s.since = SpareStatus.UP, held, e.at
         self._current(s)
 
     def _verified(self, e: ev.GroupVerified, out: list[str]) -> None:
@@ -336,7 +362,7 @@ class World:
             self.loads.pop((e.group, e.incarnation), None)  # killed at its deadline since
             self.relaunches.discard((e.group, e.incarnation))
             return
-        if p.status == "loading":
+        if p.status == ProcStatus.LOADING:
             load = self.loads.pop((e.group, e.incarnation), None)
             if load is not None and load.path is not None and load.path not in self.disk:
                 out.append(f"group {e.group} finished loading {load.path}, which is not on disk")
@@ -344,14 +370,14 @@ class World:
         # Weights numbered above the resume's are the abandoned future's (no push reaches an
         # unverified process): none, for the rules, even once the fleet reached that number.
         held = None if self._abandoned(e.version) else e.version
-        p.status, p.holds, p.since, p.verifying = "up", held, e.at, False
+        p.status, p.holds, p.since, p.verifying = ProcStatus.UP, held, e.at, False
 
     def _abandoned(self, version: int | None) -> bool:
         return version is not None and self.resumed_at is not None and version > self.resumed_at
 
     def _holds_ahead(self, p: Proc) -> bool:
         """It is up holding a version above the fleet's (a push reached its claim first)."""
-        return p.status == "up" and p.holds is not None and p.holds > self.fleet
+        return p.status == ProcStatus.UP and p.holds is not None and p.holds > self.fleet
 
     def _ahead(self, p: Proc) -> bool:
         """... and that push's sync is still due: within the load deadline."""
@@ -373,17 +399,17 @@ class World:
         for name, incarnation in e.groups.items():
             if name in self.spares:
                 s = self.spares[name]
-                if s.status == "up":
+                if s.status == SpareStatus.UP:
                     s.holds = e.version
                     self._current(s)
                 continue
             p = self.procs[name]
             # The push reached that process only; a successor never got it.
-            if p.incarnation == incarnation and p.status == "up":
+            if p.incarnation == incarnation and p.status == ProcStatus.UP:
                 p.holds = e.version
 
     def _current(self, s: Spare) -> None:
-        if s.holds == self.fleet and s.status == "up" and not s.ever_current:
+        if s.holds == self.fleet and s.status == SpareStatus.UP and not s.ever_current:
             s.ever_current = True
             self.failed_boots = 0
 
@@ -393,23 +419,23 @@ class World:
         s = self.spares[e.standby]
         if isinstance(e, ev.StandbyBooted):
             self.boots.discard(e.standby)
-            if s.status == "booting":
-                s.status, s.holds, s.since = "up", None, e.at
+            if s.status == SpareStatus.BOOTING:
+                s.status, s.holds, s.since = SpareStatus.UP, None, e.at
         elif isinstance(e, ev.StandbyLoaded):
             load = self.loads.pop((e.standby, 1), None)
             if load is None:
                 out.append(f"standby {e.standby} reported a load none runs")
                 return
-            if s.status == "loading":
+            if s.status == SpareStatus.LOADING:
                 if load.path not in self.disk:
                     out.append(f"standby {e.standby} finished loading {load.path}, not on disk")
-                s.status, s.holds, s.since = "up", self.disk.get(str(load.path)), e.at
+                s.status, s.holds, s.since = SpareStatus.UP, self.disk.get(str(load.path)), e.at
                 self._current(s)
         else:
             self.loads.pop((e.standby, 1), None)
             self.boots.discard(e.standby)
             resuming, s.verifying = s.verifying, False
-            if s.status in {"booting", "up", "loading"}:
+            if s.status in SPARE_RUNNING:
                 self._lose(s, boot_failed=not resuming)
 
     def _lose(self, s: Spare, boot_failed: bool = True) -> None:
@@ -418,7 +444,7 @@ class World:
         if not s.ever_current and boot_failed:
             self.failed_boots += 1
             self.exhausted |= self.failed_boots >= self.config.standby_boot_budget
-        s.status, s.holds = "lost", None
+        s.status, s.holds = SpareStatus.LOST, None
 
     def _deleted(self, version: int, out: list[str]) -> None:
         paths = [p for p, v in self.deleting.items() if v == version]
@@ -441,20 +467,21 @@ class World:
             out.append(f"group {e.group} incarnation {e.incarnation} reported a load none runs")
             return
         p = self.procs[e.group]
-        if p.incarnation != e.incarnation or p.status != "loading":
+        if p.incarnation != e.incarnation or p.status != ProcStatus.LOADING:
             return  # killed or stopped meanwhile: the loader only reports to end its start
         if isinstance(e, ev.RestartLoadFailed):
-            p.status, p.since = "down", e.at
+            p.status, p.since = ProcStatus.DOWN, e.at
             if load.path is not None:  # a claim that only failed its check read no checkpoint
                 self.recovery[e.group].cool()
             return
         if load.path is None:  # a standby claimed as it is: what it held, or what a push
             found = e.version if isinstance(e, ev.RestartLoaded) else None  # brought it
-            p.status, p.holds, p.since = "up", load.version if found is None else found, e.at
+            held = load.version if found is None else found
+            p.status, p.holds, p.since = ProcStatus.UP, held, e.at
             return
         if load.path not in self.disk:
             out.append(f"group {e.group} finished loading {load.path}, which is not on disk")
-        p.status, p.holds, p.since = "up", self.disk.get(load.path), e.at
+        p.status, p.holds, p.since = ProcStatus.UP, self.disk.get(load.path), e.at
 
     def _effect(self, f: fx.Effect, out: list[str]) -> None:
         if isinstance(f, fx.RestartFromCheckpoint):
@@ -469,7 +496,7 @@ class World:
                     f"cold restart of group {f.group}, though C({self.fleet}) is committed "
                     "and its immediate recovery is enabled"
                 )
-            p.status, p.via = "relaunching", "cold"
+            p.status, p.via = ProcStatus.RELAUNCHING, "cold"
             self.relaunches.add((f.group, f.incarnation))
         elif isinstance(f, fx.RouteTraffic):
             self._route(f, out)
@@ -480,14 +507,14 @@ class World:
             self.procs[f.group].probe_failures = 0  # probes count within one spell of serving
         elif isinstance(f, fx.RetireGroup):
             p = self.procs[f.group]
-            if p.status != "down":
+            if p.status != ProcStatus.DOWN:
                 out.append(f"retirement of group {f.group}, which is {p.status}")
             if self._restarts(p) < self.config.restart_budget:
                 out.append(
                     f"group {f.group} retired after {self._restarts(p)} restarts{self._within}; "
                     f"the budget is {self.config.restart_budget}"
                 )
-            p.status = "retired"
+            p.status = ProcStatus.RETIRED
         elif isinstance(f, fx.StopGroup):
             if f"{f.group}#{f.incarnation}" in self.silent:
                 self.silent.discard(f"{f.group}#{f.incarnation}")  # down since the resume
@@ -528,7 +555,7 @@ class World:
     # -- standbys ----------------------------------------------------------------------------
 
     def _alive(self) -> list[str]:
-        return sorted(n for n, s in self.spares.items() if s.status in {"booting", "up", "loading"})
+        return sorted(n for n, s in self.spares.items() if s.status in SPARE_RUNNING)
 
     def _start_standby(self, f: fx.StartStandby, out: list[str]) -> None:
         if f.standby in self.spares:
@@ -556,12 +583,12 @@ class World:
         self._check_path(f"standby {f.standby}", f.path, f.version, out)
         if s.verifying:
             out.append(f"standby {f.standby} asked to load C({f.version}) before it answered")
-        if s.status != "up" or s.holds == self.fleet:
+        if s.status != SpareStatus.UP or s.holds == self.fleet:
             out.append(
                 f"standby {f.standby} asked to load C({f.version}) while {s.status} "
                 f"holding version {s.holds}"
             )
-        s.status, s.since = "loading", self.now
+        s.status, s.since = SpareStatus.LOADING, self.now
         self.loads[(f.standby, 1)] = Load(f.path, f.version)
 
     def _stop_standby(self, f: fx.StopStandby, out: list[str]) -> None:
@@ -569,9 +596,9 @@ class World:
         if f.reason == "shutdown":
             if not self.closed:
                 out.append(f"standby {f.standby} stopped before shutdown")
-            s.status = "stopped"
+            s.status = SpareStatus.STOPPED
             return
-        if s.status not in {"booting", "loading"} and not s.verifying:
+        if s.status not in {SpareStatus.BOOTING, SpareStatus.LOADING} and not s.verifying:
             out.append(f"standby {f.standby} killed for a {f.reason} while {s.status}")
         self._lose(s, boot_failed=not s.verifying)
 
@@ -579,7 +606,7 @@ class World:
         """A failed group takes a standby: one that runs and nobody took, current as it is,
         else after a load of C(v) in place."""
         s = self.spares.get(f.standby)
-        if s is None or s.status not in {"up", "loading"}:
+        if s is None or s.status not in {SpareStatus.UP, SpareStatus.LOADING}:
             status = "never started" if s is None else s.status
             out.append(f"group {f.group} claims standby {f.standby}, which is {status}")
         if s is not None and s.verifying:
@@ -605,11 +632,11 @@ class World:
                     f"standby {ready[0]} holds it already"
                 )
         p = self._start(f.group, f.incarnation, "claim", out)
-        p.status, p.via = "loading", "standby"
+        p.status, p.via = ProcStatus.LOADING, "standby"
         held = s.holds if s is not None and s.holds is not None else -1
         self.loads[(f.group, f.incarnation)] = Load(f.path, f.version if f.path else held, True)
         if s is not None:
-            s.status = "claimed"
+            s.status = SpareStatus.CLAIMED
 
     def _claims_checked(self) -> list[str]:
         """Groups whose claim of a standby has not reported its outcome yet (a load in place
@@ -620,12 +647,12 @@ class World:
             if load.claim
             and not load.resumed  # checked by its verification now, as any resumed process
             and self.procs[g].incarnation == i
-            and self.procs[g].status == "loading"
+            and self.procs[g].status == ProcStatus.LOADING
         )
 
     def _holds_current(self, name: str) -> bool:
         s = self.spares[name]
-        return s.status == "up" and s.holds == self.fleet and not s.verifying
+        return s.status == SpareStatus.UP and s.holds == self.fleet and not s.verifying
 
     def _check_no_better_standby(self, group: str, what: str, out: list[str], loads: bool) -> None:
         """A restart while a standby would have served sooner: one holding the fleet's version,
@@ -635,14 +662,14 @@ class World:
             if self._holds_current(name):
                 out.append(f"{what} of group {group} though standby {name} is current")
                 return
-            if loads and s.status in {"up", "loading"} and not s.verifying:
+            if loads and s.status in {SpareStatus.UP, SpareStatus.LOADING} and not s.verifying:
                 out.append(f"{what} of group {group} though standby {name} could load C(v)")
                 return
 
     def _start(self, group: str, incarnation: int, what: str, out: list[str]) -> Proc:
         """A new incarnation of a dead group's process, within its restart budget."""
         p = self.procs[group]
-        if p.status != "down":
+        if p.status != ProcStatus.DOWN:
             out.append(f"{what} of group {group}, which is {p.status}")
         if incarnation != p.incarnation + 1:
             out.append(
@@ -671,7 +698,7 @@ class World:
         self._check_source(f, out)
         self._check_no_better_standby(f.group, "restart from C", out, loads=True)
         p = self._start(f.group, f.incarnation, "restart", out)
-        p.status, p.via = "loading", "immediate"
+        p.status, p.via = ProcStatus.LOADING, "immediate"
         self.loads[(f.group, f.incarnation)] = Load(f.path, f.version)
 
     def _load_in_place(self, f: fx.LoadCheckpoint, out: list[str]) -> None:
@@ -683,7 +710,7 @@ class World:
                 f"{f.group} loads C({f.version}) over version {p.holds}, which a push in "
                 "flight brought it and whose sync is still due"
             )
-        if p.incarnation != f.previous or p.status != "up" or p.holds == self.fleet:
+        if p.incarnation != f.previous or p.status != ProcStatus.UP or p.holds == self.fleet:
             out.append(
                 f"{f.group}#{f.previous} asked to load C({f.version}) in place, but its "
                 f"process #{p.incarnation} is {p.status} holding version {p.holds}"
@@ -692,7 +719,7 @@ class World:
             out.append(f"load in place of {f.group} as #{f.incarnation} after #{p.incarnation}")
         if self.routed.get(f.group) is not None:
             out.append(f"{f.group} loads in place while the router sends it traffic")
-        p.incarnation, p.status, p.since = f.incarnation, "loading", self.now
+        p.incarnation, p.status, p.since = f.incarnation, ProcStatus.LOADING, self.now
         self.loads[(f.group, f.incarnation)] = Load(f.path, f.version)
 
     def _check_source(
@@ -723,7 +750,7 @@ class World:
         p = self.procs[f.group]
         if p.verifying:
             out.append(f"traffic routed to {f.group}#{f.incarnation} before it answered")
-        if p.incarnation != f.incarnation or p.status != "up" or p.holds != f.version:
+        if p.incarnation != f.incarnation or p.status != ProcStatus.UP or p.holds != f.version:
             out.append(
                 f"traffic routed to {f.group}#{f.incarnation} on version {f.version}, but "
                 f"its process #{p.incarnation} is {p.status} holding version {p.holds}"
@@ -742,23 +769,23 @@ class World:
         if f.reason == "shutdown":
             if not self.closed:
                 out.append(f"group {f.group} stopped before shutdown")
-            p.status, p.verifying = "stopped", False
+            p.status, p.verifying = ProcStatus.STOPPED, False
             return
         if f.reason == "failed probes":
-            if p.status != "up" or self.must_stop != (f.group, f.incarnation):
+            if p.status != ProcStatus.UP or self.must_stop != (f.group, f.incarnation):
                 out.append(f"{f.group}#{f.incarnation} stopped for failed probes while {p.status}")
             self.must_stop = None
-            p.status, p.holds, p.probe_failures, p.since = "down", None, 0, self.now
+            p.status, p.holds, p.probe_failures, p.since = ProcStatus.DOWN, None, 0, self.now
             return
         # A start past its deadline: killed; it counts as a failed restart. Its loader keeps
         # its lease until it reports, so the world keeps it reading until then.
-        if p.status not in {"loading", "relaunching"} and not p.verifying:
+        if p.status not in {ProcStatus.LOADING, ProcStatus.RELAUNCHING} and not p.verifying:
             out.append(f"{f.group}#{f.incarnation} killed for a {f.reason} while {p.status}")
         load = self.loads.get((f.group, f.incarnation))
-        reading = p.status == "loading" and load is not None and load.path is not None
+        reading = p.status == ProcStatus.LOADING and load is not None and load.path is not None
         if reading and not p.verifying:  # a claim that only awaited its check read nothing
             self.recovery[f.group].cool()
-        p.status, p.holds, p.since, p.verifying = "down", None, self.now, False
+        p.status, p.holds, p.since, p.verifying = ProcStatus.DOWN, None, self.now, False
 
     def _delete_asked(self, f: fx.DeleteCheckpoint, out: list[str]) -> None:
         if self.disk.get(f.path) != f.version:
@@ -786,21 +813,24 @@ class World:
         """After a Tick no wait may be past its deadline."""
         c = self.config
         limits = {
-            "down": c.deadline("checkpoint"),
-            "loading": c.deadline("load"),
-            "relaunching": c.deadline("relaunch"),
+            ProcStatus.DOWN: c.deadline("checkpoint"),
+            ProcStatus.LOADING: c.deadline("load"),
+            ProcStatus.RELAUNCHING: c.deadline("relaunch"),
         }
         for name, p in self.procs.items():
             if self._holds_ahead(p) and not self._ahead(p):  # no sync reported that push
                 p.holds = None  # its weights are nobody's
             limit = c.deadline("load") if p.verifying else limits.get(p.status)
             if limit is not None and self.now - p.since >= limit:
-                what = "waits for a checkpoint" if p.status == "down" else f"is {p.status}"
+                what = "waits for a checkpoint" if p.status == ProcStatus.DOWN else f"is {p.status}"
                 out.append(f"group {name} {what} {self.now - p.since:g} s, past its {limit:g} s")
-        spare_limits = {"booting": c.deadline("relaunch"), "loading": c.deadline("load")}
+        spare_limits = {
+            SpareStatus.BOOTING: c.deadline("relaunch"),
+            SpareStatus.LOADING: c.deadline("load"),
+        }
         for name, s in self.spares.items():
             limit = spare_limits.get(s.status)
-            if s.verifying and s.status in {"booting", "up", "loading"}:
+            if s.verifying and s.status in SPARE_RUNNING:
                 limit = c.deadline("load")  # its answer's deadline, whatever it was doing
             if limit is not None and self.now - s.since >= limit:
                 waited = self.now - s.since
@@ -828,7 +858,7 @@ class World:
                     f"standby {name} is {view.state}; its engine is {s.status} holding "
                     f"version {s.holds}, fleet {self.fleet}"
                 )
-            stale = s.status == "up" and s.holds != self.fleet and not s.verifying
+            stale = s.status == SpareStatus.UP and s.holds != self.fleet and not s.verifying
             if stale and self._current_ready():
                 out.append(
                     f"standby {name} holds version {s.holds} though C({self.fleet}) is "
@@ -837,7 +867,7 @@ class World:
         ready = [n for n in alive if self._holds_current(n)]
         if ready and not self.closed:
             for name, p in self.procs.items():
-                if p.status == "down":
+                if p.status == ProcStatus.DOWN:
                     out.append(f"group {name} waits though standby {ready[0]} is current")
         exhausted = self.exhausted
         full = len(alive) == self.config.standby or (
@@ -880,12 +910,12 @@ class World:
                 out.append(f"checkpoint {v} counts {ck.leases} leases; {readers} loaders read it")
         for name, g in c.groups().items():
             p = self.procs[name]
-            if g.state in SERVING and (p.status != "up" or p.holds != self.fleet):
+            if g.state in SERVING and (p.status != ProcStatus.UP or p.holds != self.fleet):
                 out.append(
                     f"group {name} is {g.state} but its process #{p.incarnation} is {p.status} "
                     f"holding version {p.holds}; fleet is {self.fleet}"
                 )
-            if p.status == "up" and p.holds is None and g.version is not None:
+            if p.status == ProcStatus.UP and p.holds is None and g.version is not None:
                 out.append(
                     f"group {name} is taken to hold version {g.version}; its process "
                     f"#{p.incarnation} holds weights no sync or checkpoint vouches for"
@@ -910,14 +940,14 @@ class World:
                     f"immediate recovery of {name} counts {streak} clean syncs in a row, "
                     f"expected {self.recovery[name].streak}"
                 )
-            stale = p.status == "up" and p.holds != self.fleet and not self.closed
+            stale = p.status == ProcStatus.UP and p.holds != self.fleet and not self.closed
             stale = stale and not self._ahead(p)  # it waits for the sync of what it holds
             if stale and expected == "enabled" and self._current_ready() and not p.verifying:
                 out.append(
                     f"group {name} holds version {p.holds} though C({self.fleet}) is "
                     "committed: it should load it in place"
                 )
-            if p.status == "down" and expected == "enabled":
+            if p.status == ProcStatus.DOWN and expected == "enabled":
                 if self._current_ready():
                     out.append(f"group {name} still waits though C({self.fleet}) is committed")
                 elif self.fleet in self.started and self.fleet not in self.exports:
@@ -940,7 +970,7 @@ class World:
             p = self.procs[name]
             if p.verifying:
                 out.append(f"traffic goes to {name}#{incarnation}, unverified since the resume")
-            if p.incarnation != incarnation or p.status != "up" or p.holds != self.fleet:
+            if p.incarnation != incarnation or p.status != ProcStatus.UP or p.holds != self.fleet:
                 out.append(
                     f"traffic goes to {name}#{incarnation}, whose process #{p.incarnation} is "
                     f"{p.status} holding version {p.holds}; fleet is {self.fleet}"
