@@ -434,7 +434,8 @@ def _known(source: str) -> list[tuple[Mutant, str]]:
     ``on_RestartLoadFailed`` must be killed."""
     lines = source.splitlines()
     start = next(i for i, ln in enumerate(lines) if "def on_RestartLoadFailed" in ln)
-    cool = next(i for i in range(start, len(lines)) if lines[i].strip() == "self._cool(g)")
+    cool = next(i for i in range(start, len(lines))
+                if lines[i].strip().split("#")[0].strip() == "self._cool(g)")  # fmt: skip
     indent = lines[cool][: len(lines[cool]) - len(lines[cool].lstrip())]
     where = "on_RestartLoadFailed"
     noop = Mutant(cool + 1, "no-op", lines[cool], lines[cool] + "  # no-op", where)
@@ -447,7 +448,7 @@ def main() -> int:
     p.add_argument("--sample", type=int, default=120, help="mutants to run (0 = all)")
     p.add_argument("--seed", type=int, default=0, help="sampling and Hypothesis seed")
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per mutant")
     p.add_argument("--list", action="store_true", help="print the sample and exit")
     p.add_argument("--self-test", action="store_true", help="run only the two controls")
     p.add_argument("--json", type=Path, help="also write every outcome here")
