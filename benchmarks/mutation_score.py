@@ -225,10 +225,19 @@ def enumerate_mutants(source: str, constants: dict[str, list[str]] | None = None
                 line = lines[node.lineno - 1]
                 indent = line[: len(line) - len(line.lstrip())]
                 raw.append((node.lineno, "delete statement", indent + "pass"))
+    found = [(row, op, after, _method_at(methods, row)) for row, op, after in raw]
+    return _distinct(found, lines, original, "rules.py")
+
+
+def _distinct(
+    raw: list[tuple[int, str, str, str]], lines: list[str], original: str, file: str
+) -> list[Mutant]:
+    """The mutants (line, op, mutated line, where) that parse, differ from the original and
+    from each other."""
     out: list[Mutant] = []
     seen: set[tuple[int, str]] = set()
-    for row, op, after in sorted(raw):
-        if (row, after) in seen:
+    for row, op, after, where in sorted(raw):
+        if (row, after) in seen or after == lines[row - 1]:
             continue
         seen.add((row, after))
         mutated = "\n".join([*lines[: row - 1], after, *lines[row:]]) + "\n"
@@ -237,7 +246,7 @@ def enumerate_mutants(source: str, constants: dict[str, list[str]] | None = None
                 continue
         except SyntaxError:
             continue  # e.g. ``for x not in``: not a mutant at all
-        out.append(Mutant(row, op, lines[row - 1], after, _method_at(methods, row)))
+        out.append(Mutant(row, op, lines[row - 1], after, where, file=file))
     return out
 
 
@@ -297,20 +306,7 @@ def enumerate_machine_mutants(source: str) -> list[Mutant]:
                     raw.append((node.lineno, "drop alternative", line.replace(alt_text, "", 1),
                                 cls.name))  # fmt: skip
                     break
-    out: list[Mutant] = []
-    seen: set[tuple[int, str]] = set()
-    for row, op, after, where in sorted(raw):
-        if (row, after) in seen or after == lines[row - 1]:
-            continue
-        seen.add((row, after))
-        mutated = "\n".join([*lines[: row - 1], after, *lines[row:]]) + "\n"
-        try:
-            if ast.dump(ast.parse(mutated)) == original:
-                continue
-        except SyntaxError:
-            continue
-        out.append(Mutant(row, op, lines[row - 1], after, where, file="machines.py"))
-    return out
+    return _distinct(raw, lines, original, "machines.py")
 
 
 def sample(mutants: list[Mutant], n: int, seed: int) -> list[Mutant]:
