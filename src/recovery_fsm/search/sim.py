@@ -27,6 +27,7 @@ from ..codec import encode
 from ..config import RecoveryConfig
 from ..controller import RecoveryController
 from ..errors import RecoveryError
+from ..machines import SERVING, GroupState
 from ..rules import Rules
 from .world import PROC_RUNNING, SPARE_RUNNING, ProcStatus, SpareStatus, World
 
@@ -284,11 +285,7 @@ class Sim:
             if s.standby_deaths and self.failures < s.max_failures:
                 out += [Action(HEALTH, "standby_dies", n) for n in w._alive()]
             if s.probes:
-                serving = [
-                    g
-                    for g, v in self.controller.groups().items()
-                    if v.state in {"active", "suspect"}
-                ]
+                serving = [g for g, v in self.controller.groups().items() if v.state in SERVING]
                 out += [Action(HEALTH, "probe_failed", g) for g in serving]
                 out += [Action(HEALTH, "probe_ok", g) for g in serving]
         if s.deadlines:
@@ -677,7 +674,7 @@ class Sim:
     def _unsettled(self) -> list[str]:
         out = []
         for g, view in self.controller.groups().items():
-            if view.state not in {"active", "suspect", "retired", "stopped"}:
+            if view.state not in {*SERVING, GroupState.RETIRED, GroupState.STOPPED}:
                 out.append(f"group {g} is {view.state}")
         if not self.world.quiescent:
             out.append("effects still pending")
@@ -718,7 +715,7 @@ class Sim:
         if waiting:
             return Action(TRAINER, "tick", self.waits()[0])
         states = {v.state for v in self.controller.groups().values()}
-        if "pending_weights" in states:
+        if GroupState.PENDING_WEIGHTS in states:
             return Action(TRAINER, "sync")  # beyond max_version: fairness needs progress
         return None
 

@@ -23,7 +23,14 @@ from .. import events as ev
 from ..config import RecoveryConfig
 from ..controller import RecoveryController
 from ..errors import RecoveryError
-from ..machines import SERVING
+from ..machines import (
+    SERVING,
+    CheckpointState,
+    GroupState,
+    PoolState,
+    StandbyState,
+    SwitchState,
+)
 from ..rules import FINISHED_KEPT
 
 
@@ -110,8 +117,8 @@ class Recovery:
 
     def cool(self) -> None:
         self.streak = 0
-        if self.state == "enabled":
-            self.state = "cooldown"
+        if self.state == SwitchState.ENABLED:
+            self.state = SwitchState.COOLDOWN
 
 
 @attrs.define
@@ -178,7 +185,7 @@ class World:
     def _event(self, e: ev.Event, out: list[str]) -> None:
         if isinstance(e, ev.GroupRegistered):
             self.procs[e.group] = Proc(holds=e.version, since=e.at)
-            start = "enabled" if self.config.immediate_recovery else "disabled"
+            start = SwitchState.ENABLED if self.config.immediate_recovery else SwitchState.DISABLED
             self.recovery[e.group] = Recovery(start)
         elif isinstance(e, ev.WeightsSynced):
             self._sync(e)
@@ -198,7 +205,8 @@ class World:
         elif isinstance(e, (ev.ExportFailed, ev.ExportCancelled)):
             self.exports.pop(e.version, None)
             failed = isinstance(e, ev.ExportFailed) and e.version == self.fleet and not self.closed
-            self.gone[e.version] = frozenset({"failed"} if failed else {"discarded"})
+            end = CheckpointState.FAILED if failed else CheckpointState.DISCARDED
+            self.gone[e.version] = frozenset({end})
         elif isinstance(e, ev.CheckpointPinned):
             self.pinned.add(e.version)
             if e.version in self.exports:
@@ -272,7 +280,7 @@ class World:
         v = self.fleet = self.resumed_at = e.version
         self.announced = False
         for x in self.exports:  # their writers died: only temporary files are left
-            self.gone[x] = frozenset({"failed", "discarded"})
+            self.gone[x] = frozenset({CheckpointState.FAILED, CheckpointState.DISCARDED})
         self.exports.clear()
         self.started = {x for x in self.started if x <= v}
         self.committed = {x for x in self.committed if x <= v}
@@ -390,10 +398,10 @@ class World:
         for rec in self.recovery.values():
             if missed:
                 rec.cool()
-            elif clean and rec.state == "cooldown":
+            elif clean and rec.state == SwitchState.COOLDOWN:
                 rec.streak += 1
                 if rec.streak >= self.config.clean_syncs_to_reenable:
-                    rec.state, rec.streak = "enabled", 0
+                    rec.state, rec.streak = SwitchState.ENABLED, 0
         self.fleet = e.version
         self.announced = True
         for name, incarnation in e.groups.items():
@@ -459,7 +467,7 @@ class World:
             if version in self.abandoned:
                 self.abandoned.discard(version)
             else:
-                self.gone[version] = frozenset({"deleted"})
+                self.gone[version] = frozenset({CheckpointState.DELETED})
 
     def _load_done(self, e: ev.RestartLoaded | ev.RestartLoadFailed, out: list[str]) -> None:
         load = self.loads.pop((e.group, e.incarnation), None)
@@ -491,7 +499,7 @@ class World:
         elif isinstance(f, fx.RestartCold):
             self._check_no_better_standby(f.group, "cold restart", out, loads=False)
             p = self._start(f.group, f.incarnation, "cold restart", out)
-            if self.recovery[f.group].state == "enabled" and self._current_ready():
+            if self.recovery[f.group].state == SwitchState.ENABLED and self._current_ready():
                 out.append(
                     f"cold restart of group {f.group}, though C({self.fleet}) is committed "
                     "and its immediate recovery is enabled"
@@ -620,7 +628,7 @@ class World:
         elif f.path is not None:
             self._check_path(f"group {f.group}", f.path, f.version, out)
             switch = self.recovery[f.group].state
-            if switch != "enabled":
+            if switch != SwitchState.ENABLED:
                 out.append(
                     f"group {f.group} claims a standby to load C({f.version}) while its "
                     f"immediate recovery is {switch}"
@@ -727,7 +735,7 @@ class World:
     ) -> None:
         """A load may read only the fleet's committed checkpoint, under an enabled switch."""
         self._check_path(f"group {f.group}", f.path, f.version, out)
-        if self.recovery[f.group].state != "enabled":
+        if self.recovery[f.group].state != SwitchState.ENABLED:
             out.append(
                 f"group {f.group} loads a checkpoint while its immediate recovery "
                 f"is {self.recovery[f.group].state}"
@@ -848,11 +856,12 @@ class World:
             s, view = self.spares[name], views.get(name)
             if view is None:
                 continue
-            expected = {"booting": "booting", "loading": "loading"}.get(s.status) or (
-                "ready" if s.holds == self.fleet else "stale"
-            )
+            expected = {
+                SpareStatus.BOOTING: StandbyState.BOOTING,
+                SpareStatus.LOADING: StandbyState.LOADING,
+            }.get(s.status) or (StandbyState.READY if s.holds == self.fleet else StandbyState.STALE)
             if s.verifying:
-                expected = "resuming"
+                expected = StandbyState.RESUMING
             if view.state != expected:
                 out.append(
                     f"standby {name} is {view.state}; its engine is {s.status} holding "
@@ -881,7 +890,7 @@ class World:
                 f"the pool counts {counted} failed boots in a row, expected {self.failed_boots}"
             )
         if self.config.standby and not self.closed:
-            expected_pool = "exhausted" if exhausted else "filling"
+            expected_pool = PoolState.EXHAUSTED if exhausted else PoolState.FILLING
             if c.pool_state != expected_pool:
                 out.append(
                     f"the pool is {c.pool_state} after {self.failed_boots} failed boots in a "
@@ -926,7 +935,7 @@ class World:
                     f"{self.routed.get(name)}"
                 )
             if g.state in SERVING:
-                health = "suspect" if p.probe_failures else "active"
+                health = GroupState.SUSPECT if p.probe_failures else GroupState.ACTIVE
                 if g.state != health:
                     out.append(f"group {name} is {g.state} after {p.probe_failures} failed probes")
             expected = self.recovery[name].state
@@ -942,12 +951,13 @@ class World:
                 )
             stale = p.status == ProcStatus.UP and p.holds != self.fleet and not self.closed
             stale = stale and not self._ahead(p)  # it waits for the sync of what it holds
-            if stale and expected == "enabled" and self._current_ready() and not p.verifying:
+            enabled = expected == SwitchState.ENABLED
+            if stale and enabled and self._current_ready() and not p.verifying:
                 out.append(
                     f"group {name} holds version {p.holds} though C({self.fleet}) is "
                     "committed: it should load it in place"
                 )
-            if p.status == ProcStatus.DOWN and expected == "enabled":
+            if p.status == ProcStatus.DOWN and enabled:
                 if self._current_ready():
                     out.append(f"group {name} still waits though C({self.fleet}) is committed")
                 elif self.fleet in self.started and self.fleet not in self.exports:
