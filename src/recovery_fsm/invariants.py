@@ -18,6 +18,7 @@ from .machines import (
     UP,
     CheckpointState,
     GroupState,
+    PoolState,
     StandbyState,
     SwitchState,
 )
@@ -94,6 +95,9 @@ def violations(rules: Rules) -> list[str]:
         rec = g.recovery
         if rec.state == SwitchState.COOLDOWN and rec.clean_streak >= rec.required_clean_syncs:
             out.append(f"group {name!r} still in cooldown after {rec.clean_streak} clean syncs")
+        # Immediate recovery off by configuration stays off, whatever the syncs did.
+        if not rules.config.immediate_recovery and rec.state != SwitchState.DISABLED:
+            out.append(f"group {name!r}: immediate recovery {rec.state}, configured off")
     for (name, incarnation), start in rules.starts.items():
         if name in rules.standbys:
             continue
@@ -107,6 +111,9 @@ def violations(rules: Rules) -> list[str]:
     alive = [s for s in rules.standbys.values() if s.record.state not in STANDBY_FINAL]
     if len(alive) > rules.pool.record.size:
         out.append(f"{len(alive)} standbys alive; the pool's size is {rules.pool.record.size}")
+    # After Shutdown the pool is closed: nothing refills it, and pool_state says so.
+    if rules.closed and rules.pool.record.state != PoolState.CLOSED:
+        out.append(f"the controller is shut down and the pool is {rules.pool.record.state}")
     for name, s in rules.standbys.items():
         sr = s.record
         start = rules.starts.get((name, 1))

@@ -72,10 +72,11 @@ def streams(draw: st.DrawFn) -> list[ev.Event]:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(streams())
-def test_accepted_or_refused_without_change(stream: list[ev.Event]) -> None:
+@given(streams(), st.booleans())
+def test_accepted_or_refused_without_change(stream: list[ev.Event], immediate: bool) -> None:
     c = RecoveryController(
         RecoveryConfig(
+            immediate_recovery=immediate,  # off: every switch starts, and stays, disabled
             clean_syncs_to_reenable=2,
             restart_budget=3,
             await_checkpoint_timeout_s=100.0,

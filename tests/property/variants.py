@@ -191,7 +191,7 @@ VARIANTS: tuple[Variant, ...] = (
                 f"{IN * 3}r = self._next_incarnation(g)\n"
                 f"{IN * 3}lease = Lease(r.name, r.incarnation, ck.record.version, "
                 f"self.fleet.version)\n"
-                f'{IN * 3}self.starts[(r.name, r.incarnation)] = Start("load", lease)\n'
+                f'{IN * 3}self.starts[(r.name, r.incarnation)] = Start(StartKind.LOAD, lease)\n'
                 f"{IN * 3}ck.record.leases += 1\n"
                 f"{IN * 3}self._fire_group(g, GroupEvent.LOAD)\n"
                 f"{IN * 3}assert ck.record.path is not None\n"
@@ -433,9 +433,9 @@ STANDBY_VARIANTS: tuple[Variant, ...] = (
         "the load.",
         (
             (
-                f'{IN * 2}self.starts[(s.name, 1)] = Start("load", lease)\n'
+                f'{IN * 2}self.starts[(s.name, 1)] = Start(StartKind.LOAD, lease)\n'
                 f"{IN * 2}ck.record.leases += 1\n",
-                f'{IN * 2}self.starts[(s.name, 1)] = Start("load", lease)\n',
+                f'{IN * 2}self.starts[(s.name, 1)] = Start(StartKind.LOAD, lease)\n',
             ),
             (
                 f"{IN * 2}start = self.starts.pop((sb.record.name, 1), None)\n"
@@ -465,7 +465,8 @@ STANDBY_VARIANTS: tuple[Variant, ...] = (
         "refill-during-claim",
         "Boots the pool's refill the moment a standby is claimed, beside the claim's "
         "admission check on the same cores.",
-        ((f"{IN * 2}if self._claim_checked():\n{IN * 3}return\n", ""),),
+        ((f"{IN * 2}if alive >= pool.size or self._claim_checked():",
+          f"{IN * 2}if alive >= pool.size:"),),
         scope="standby",
     ),
     Variant(
@@ -600,10 +601,10 @@ RESUME_VARIANTS = (
         "its lease and is deleted under it.",
         (
             (
-                f'{IN * 4}self.starts[(s.name, 1)] = Start("verify", None if start is None '
-                "else start.lease)\n",
+                f"{IN * 4}lease = None if start is None else start.lease\n"
+                f"{IN * 4}self.starts[(s.name, 1)] = Start(StartKind.VERIFY, lease)\n",
                 f"{IN * 4}self._end_standby_start(slot)\n"
-                f'{IN * 4}self.starts[(s.name, 1)] = Start("verify", None)\n',
+                f"{IN * 4}self.starts[(s.name, 1)] = Start(StartKind.VERIFY, None)\n",
             ),
         ),
         scope="resume",
@@ -754,7 +755,7 @@ REPORT_VARIANTS = (
         "under the load.",
         (
             (
-                f'{IN * 2}if start is None or start.kind != "verify":\n',
+                f"{IN * 2}if start is None or start.kind != StartKind.VERIFY:\n",
                 f"{IN * 2}if start is None:\n",
             ),
         ),
