@@ -455,6 +455,7 @@ def test_a_group_that_keeps_dying_is_retired_and_the_others_serve(tmp_path: Path
         wait_for(lambda: rt.controller.group_state("g1") == "retired", what="retired")
         assert rt.actors("g1", rt.controller.incarnation("g1")) == []
         assert serving(rt, "g0")
+        assert rt.wait_ready(timeout_s=5.0)  # a retired group is not waited for
         assert rt.generate("g0", [1]).version == 1
         step(model)
         assert rt.sync(model, 2) == {"g0": 1}

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import ray
 
-from .. import CheckpointState, PoolState, RecoveryConfig, StandbyState
+from .. import CheckpointState, GroupState, PoolState, RecoveryConfig, StandbyState
 from ..errors import Fenced
 from ..host import ControllerQueries, EffectError, Link
 from ..journal.ledger import PATHS, Ledger
@@ -145,13 +145,16 @@ class RuntimeViews:
         return out
 
     def wait_ready(self, timeout_s: float = 300.0) -> bool:
-        """Wait until every group serves and the standbys have booted (each claimable), or
-        the pool gave up filling; False on timeout. Until then a kill takes the reboot path:
-        ``start`` returns as soon as the groups serve, while the standbys still boot."""
+        """Wait until every group serves (or was retired) and the standbys have booted
+        (each claimable), or the pool gave up filling; False on timeout. Until then a kill
+        takes the reboot path: ``start`` returns as soon as the groups serve, while the
+        standbys still boot."""
+        gone = {GroupState.RETIRED, GroupState.STOPPED}
 
         def ready() -> bool:
-            routes = self.router.routes
-            if any(routes.get(g) is None for g in self.groups):
+            routes, views = self.router.routes, self.controller.groups()
+            if any(routes.get(g) is None and (g not in views or views[g].state not in gone)
+                   for g in self.groups):  # fmt: skip
                 return False
             if self.controller.pool_state != PoolState.FILLING:
                 return True

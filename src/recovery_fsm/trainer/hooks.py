@@ -71,7 +71,7 @@ class Closed:
     """What ``close`` did, so nothing in flight is dropped silently."""
 
     drained: bool  # the controller settled every start and delete it had asked for
-    hf_saves: Mapping[int, Path]  # the run's pinned exports that committed (kept on disk)
+    hf_saves: Mapping[int, Path]  # the run's pinned checkpoints that committed (rt.pin too)
     hf_saves_failed: Mapping[int, str]  # pinned exports that did not commit, and why
     export_cancelled: int | None  # the version of an unpinned export still running at close
 
@@ -209,8 +209,13 @@ class RecoveryHooks:
                     failed[v] = f"{type(err).__name__}: {err}"
             if last is not None and not last.done() and last.version not in saves:
                 cancelled = last.version
-            # The run's saves made before a resume (by the trainer it replaced) too.
-            run_saves = self.runtime.pinned_checkpoints()
+            # The run's saves made before a resume (by the trainer it replaced) too; a
+            # controller that does not answer leaves this process's saves only.
+            try:
+                run_saves = self.runtime.pinned_checkpoints()
+            except Exception:
+                log.exception("the run's pinned checkpoints could not be read at close")
+                run_saves = {}
             saved = {v: p for v, p in run_saves.items() if v not in failed} | saved
         finally:
             drained = self.runtime.close()
