@@ -86,6 +86,24 @@ def test_close_runs_and_keeps_the_hf_save_when_the_trainer_raises(tmp_path: Path
         hooks.before_weight_sync(2)
 
 
+def test_close_returns_this_processs_saves_when_the_runs_pins_cannot_be_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = trainer()
+    rt = runtime(tmp_path)
+    hooks = RecoveryHooks(rt)
+    rt.start(model)
+    sync(hooks, rt, model, 1, hf_save=True).result(timeout=60)
+
+    def unanswered() -> Any:  # as a hosted controller that died would answer
+        raise TimeoutError("the controller actor did not answer")
+
+    monkeypatch.setattr(rt, "pinned_checkpoints", unanswered)
+    closed = hooks.close()  # returns, and closes the runtime
+    assert closed.hf_saves == {1: rt.store.path_for(1)} and closed.drained
+    assert rt.controller.closed and rt.actors("g0", 1) == []
+
+
 def test_hooks_refuse_calls_out_of_order_and_send_nothing(tmp_path: Path) -> None:
     model = trainer()
     with runtime(tmp_path) as rt, RecoveryHooks(rt) as hooks:
