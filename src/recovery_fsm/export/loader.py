@@ -95,8 +95,8 @@ def load_checkpoint(path: str | os.PathLike[str], *, device: str = "cpu") -> Loa
 
 def load_model(path: str | os.PathLike[str], **kwargs: Any) -> Any:
     """A transformers model built from a committed checkpoint, every byte checked as it was
-    read (``load_checkpoint``), then copied once into the model (it keeps no mapping of the
-    checkpoint's files).
+    read (``load_checkpoint``) into memory the model then takes as its weights (it keeps no
+    mapping of the checkpoint's files).
     ``kwargs`` go to ``from_pretrained`` (e.g. ``device_map``); the model class is the
     config's first architecture."""
     import transformers
@@ -118,13 +118,12 @@ def load_model(path: str | os.PathLike[str], **kwargs: Any) -> Any:
 
 
 def _assigned(cls: Any, config: Any, state: dict[str, torch.Tensor]) -> Any:
-    """The model built without initialising its weights, then holding one copy of the
-    verified tensors in its own memory: ``from_pretrained`` with a state dict initialises
-    every weight and then copies each one in. The copy is needed: the verified tensors are
-    views of the checkpoint's mapped files, which a model must not keep (the checkpoint is
-    deleted once superseded, maybe by another node of a shared filesystem). None where the
-    checkpoint's names or shapes are not the model's own (transformers converts some hub
-    layouts as it loads them, e.g. fused experts)."""
+    """The model built without initialising its weights, then holding the verified tensors
+    as its own: ``from_pretrained`` with a state dict initialises every weight and then
+    copies each one in. The tensors are in process memory (``load_checkpoint`` reads them
+    there), so the model keeps no file of the checkpoint open. None where the checkpoint's
+    names or shapes are not the model's own (transformers converts some hub layouts as it
+    loads them, e.g. fused experts)."""
     import importlib
 
     try:  # transformers 5 moved the switch that skips weight initialisation
@@ -138,13 +137,7 @@ def _assigned(cls: Any, config: Any, state: dict[str, torch.Tensor]) -> Any:
         own[k].shape != t.shape or own[k].dtype != t.dtype for k, t in state.items()
     ):
         return None
-    copies: dict[int, torch.Tensor] = {}  # tied names share one tensor: copied once
-    owned: dict[str, torch.Tensor] = {}
-    for name, t in state.items():
-        if id(t) not in copies:
-            copies[id(t)] = t.clone()
-        owned[name] = copies[id(t)]
-    model.load_state_dict(owned, strict=True, assign=True)
+    model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
     return model.eval()
 

@@ -50,8 +50,8 @@ DTYPES: dict[str, torch.dtype] = {name: dtype for dtype, name in DTYPE_NAMES.ite
 # Bytes handed to write() and hash.update() at once: large enough that both release the GIL
 # for long stretches, small enough to keep cancellation and memory use fine-grained.
 CHUNK = 64 << 20
-# Reads are smaller: a chunk read from the page cache is hashed while it is still in cache.
-READ_CHUNK = 8 << 20
+# Reads are smaller: a slice is hashed while it is still in the core's cache.
+READ_CHUNK = 1 << 20
 # Threads that hash the tensors of one shard at once on a verified load.
 HASH_THREADS = min(4, os.cpu_count() or 1)
 
@@ -284,58 +284,90 @@ def read_verified(
     """Check every byte of one shard against the manifest; with ``keep``, return its tensors.
 
     ``tensors`` is the manifest's entry (dtype, shape, digest) for each tensor this file must
-    hold. The file is mapped copy-on-write, hashed tensor by tensor, and the tensors returned
-    are views of the mapping: hashing is the only pass over the bytes (no copy into process
-    memory; from the page cache it runs at the hash's speed), and writing to a tensor copies
-    that page instead of changing the file. Any difference, or a layout that is not exactly
-    the manifest's, raises CorruptCheckpoint.
+    hold. With ``keep`` each tensor is read a slice at a time into memory the process owns and
+    hashed while the slice is still in cache, on a few threads at once (both release the
+    GIL): one pass over the bytes, and the tensors returned map no file, so an engine booted
+    from a checkpoint never keeps the files alive. Without, the file is mapped for the call
+    and hashed in place. Any difference, or a layout that is not exactly the manifest's,
+    raises CorruptCheckpoint.
     """
     with open(path, "rb") as f:
-        actual = os.fstat(f.fileno()).st_size
+        fd = f.fileno()
+        actual = os.fstat(fd).st_size
         if actual != size:
             raise CorruptCheckpoint(f"{path} has {actual} bytes, the manifest says {size}")
         if size < 8:
             raise CorruptCheckpoint(f"{path} is too short for a safetensors file")
-        mapped = mmap.mmap(
-            f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
-        )
-    if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_WILLNEED"):
-        mapped.madvise(mmap.MADV_WILLNEED)  # from disk: read ahead while the hash runs
-    view = memoryview(mapped)
-    try:
-        (n,) = struct.unpack("<Q", view[:8])
+        if hasattr(os, "posix_fadvise"):  # from disk: read ahead while the hash runs
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        head = _read_at(path, fd, 0, 8)
+        (n,) = struct.unpack("<Q", head)
         if n > size - 8:
             raise CorruptCheckpoint(f"{path}: header length {n} exceeds the file")
+        header = _read_at(path, fd, 8, n)
         h = new_hasher(hash_name)
-        h.update(view[: 8 + n])
+        h.update(head + header)
         if h.hexdigest() != header_digest:
             raise CorruptCheckpoint(f"{path}: the safetensors header does not match its digest")
-        slots = _layout(path, bytes(view[8 : 8 + n]), tensors, size - 8 - n)
+        slots = _layout(path, header, tensors, size - 8 - n)
+        base = 8 + n
+        # Kept tensors need memory of their own; a check alone reads the file's pages where
+        # they are, mapped (no copy, nothing of the mapping outlives this call).
+        data = torch.empty(size - base if keep else 0, dtype=torch.uint8)
+        mapped = None if keep else mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        whole = raw_bytes(data) if mapped is None else memoryview(mapped)
+        source = whole if mapped is None else whole[base:]
 
         def digest(slot: _Slot) -> str:
             h = new_hasher(hash_name)
-            for start in range(8 + n + slot.begin, 8 + n + slot.end, READ_CHUNK):
-                h.update(view[start : min(start + READ_CHUNK, 8 + n + slot.end)])
+            for start in range(slot.begin, slot.end, READ_CHUNK):
+                chunk = source[start : min(start + READ_CHUNK, slot.end)]
+                if keep:
+                    _read_into(path, fd, base + start, chunk)
+                h.update(chunk)
+                chunk.release()
             return h.hexdigest()
 
-        # The hash releases the GIL: tensors are hashed on a few threads at once.
-        with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="verify") as pool:
-            for slot, found in zip(slots, pool.map(digest, slots), strict=True):
-                if found != tensors[slot.name]["digest"]:
-                    raise CorruptCheckpoint(
-                        f"{path}: tensor {slot.name!r} does not match its digest"
-                    )
-    except BaseException:
-        view.release()
-        mapped.close()
-        raise
-    view.release()
+        try:
+            with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="verify") as pool:
+                for slot, found in zip(slots, pool.map(digest, slots), strict=True):
+                    if found != tensors[slot.name]["digest"]:
+                        raise CorruptCheckpoint(
+                            f"{path}: tensor {slot.name!r} does not match its digest"
+                        )
+        finally:
+            source.release()
+            whole.release()
+            if mapped is not None:
+                mapped.close()
     if not keep:
-        mapped.close()
         return {}
-    # The tensors keep the mapping alive; it is unmapped when the last of them is freed.
-    data = torch.frombuffer(mapped, dtype=torch.uint8)[8 + n :]
-    return {slot.name: _tensor_at(data, slot, 8 + n) for slot in slots}
+    return {slot.name: _tensor_at(data, slot, base) for slot in slots}
+
+
+def _read_at(path: str | os.PathLike[str], fd: int, offset: int, length: int) -> bytes:
+    buf = bytearray(length)
+    _read_into(path, fd, offset, memoryview(buf))
+    return bytes(buf)
+
+
+def _read_into(path: str | os.PathLike[str], fd: int, offset: int, into: memoryview) -> None:
+    """Fill ``into`` from ``offset`` of the file; a file that ends early was changed under us.
+    ``preadv`` leaves the file position alone, so threads read one descriptor at once."""
+    done = 0
+    while done < len(into):
+        if _PREADV:
+            got = os.preadv(fd, [into[done:]], offset + done)
+        else:
+            chunk = os.pread(fd, len(into) - done, offset + done)
+            into[done : done + len(chunk)] = chunk
+            got = len(chunk)
+        if got == 0:
+            raise CorruptCheckpoint(f"{path} ended early: it changed while it was read")
+        done += got
+
+
+_PREADV = hasattr(os, "preadv")
 
 
 def _layout(
