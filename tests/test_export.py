@@ -601,9 +601,10 @@ def test_a_closed_exporter_says_so(model: Any, tmp_path: Path) -> None:
 def test_load_model_copies_the_verified_weights_once_and_answers_as_from_pretrained(
     tmp_path: Path, tied: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The verified weights are copied once into the model's own memory: no initialisation,
-    no from_pretrained, no mapping of the checkpoint's files kept; tied weights stay one
-    tensor; the answers are from_pretrained's."""
+    """The verified weights are read once into the process's own memory and the model takes
+    them: no initialisation, no from_pretrained, no mapping of the checkpoint's files kept
+    (by the model or by load_checkpoint's tensors); tied weights stay one tensor; the
+    answers are from_pretrained's."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -617,15 +618,44 @@ def test_load_model_copies_the_verified_weights_once_and_answers_as_from_pretrai
     def second_pass(*_args: Any, **_kwargs: Any) -> Any:
         raise AssertionError("load_model copied the weights again through from_pretrained")
 
+    def mapped_shards() -> list[Path]:
+        gc.collect()
+        maps = Path("/proc/self/maps").read_text()
+        return [f for f in path.glob("*.safetensors") if str(f) in maps]
+
+    if sys.platform == "linux":  # an engine holding these must not keep the files alive
+        held = load_checkpoint(path)
+        assert mapped_shards() == [] and held.state_dict
+        del held
     monkeypatch.setattr(LlamaForCausalLM, "from_pretrained", second_pass)
     loaded = load_model(path)
     assert not loaded.training
     embed, head = loaded.model.embed_tokens.weight, loaded.lm_head.weight
     assert (embed is head) is tied and (embed.data_ptr() == head.data_ptr()) is tied
     if sys.platform == "linux":  # the model keeps no mapping of the checkpoint's files
-        gc.collect()
-        maps = Path("/proc/self/maps").read_text()
-        assert not [f for f in path.glob("*.safetensors") if str(f) in maps]
+        assert mapped_shards() == []
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, expected)
         assert torch.equal(loaded(ids).logits, source(ids).logits)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="the hook point is Linux's")
+def test_a_shard_cut_short_while_it_is_read_is_corrupt(
+    model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that shrinks after its size was checked ends the read with CorruptCheckpoint
+    (a read at the end of a file returns nothing: waiting for more would never end)."""
+    import recovery_fsm.export.safetensors_io as io
+
+    with AsyncHFExporter(tmp_path) as ex:
+        path = ex.export_model(1, model).result(60)
+    shard = next(path.glob("*.safetensors"))
+    advise = os.posix_fadvise
+
+    def cut_then_advise(fd: int, offset: int, length: int, advice: int) -> None:
+        os.truncate(shard, shard.stat().st_size // 2)  # after the size check, before the data
+        advise(fd, offset, length, advice)
+
+    monkeypatch.setattr(io.os, "posix_fadvise", cut_then_advise)
+    with pytest.raises(CorruptCheckpoint, match="ended early"):
+        load_checkpoint(path)
