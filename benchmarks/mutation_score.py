@@ -8,7 +8,7 @@ rules, plus random event streams) claims to catch any rule broken in isolation. 
 that claim: it makes one-line mutants of the rule code (and, with ``--target``, of the
 machines: a transition's target, a guard turned round, an alternative dropped, the records'
 conditions), runs only
-``tests/property/test_races.py`` and ``tests/property/test_random_events.py`` against each,
+``tests/property/test_races.py``, ``test_explorer.py`` and ``test_random_events.py`` against each,
 and counts which mutants the suite kills. ``test_mutants.py`` (hand-written broken variants)
 and the unit tests are deliberately left out.
 
@@ -46,7 +46,11 @@ RULES = Path("recovery_fsm") / "rules.py"
 MACHINES = Path("recovery_fsm") / "machines.py"
 # The classes whose constants name states: a state constant may be swapped for a sibling.
 NAME_CLASSES = ("CheckpointState", "GroupState", "StandbyState", "PoolState", "SwitchState")
-SUITE = ["tests/property/test_races.py", "tests/property/test_random_events.py"]
+SUITE = [
+    "tests/property/test_races.py",
+    "tests/property/test_explorer.py",
+    "tests/property/test_random_events.py",
+]
 
 # Methods of ``Rules`` that are plumbing, not rules: never mutated.
 PLUMBING = {"__init__", "apply", "__getstate__", "__setstate__", "_fire", "_fire_ck",

@@ -273,13 +273,13 @@ def _left_in_tmp() -> set[str]:
     return {p.name for kind in kinds for p in base.glob(kind)}
 
 
-def test_five_kills_leave_no_process_no_shared_memory_and_no_growing_memory() -> None:
+def test_three_kills_leave_no_process_no_shared_memory_and_no_growing_memory() -> None:
     import psutil
 
     shm_before = _shm()
     left_before = _left_in_tmp()
     available: list[int] = []
-    for cycle in range(5):
+    for cycle in range(3):  # killed by Ray, from outside Ray, by Ray
         engine = actor()
         ray.get(engine.boot_empty.remote(), timeout=300)
         pid = ray.get(engine.__ray_call__.remote(lambda self: os.getpid()))
@@ -296,7 +296,7 @@ def test_five_kills_leave_no_process_no_shared_memory_and_no_growing_memory() ->
         available.append(psutil.virtual_memory().available)
     assert _shm() <= shm_before, _shm() - shm_before
     assert _left_in_tmp() <= left_before, _left_in_tmp() - left_before
-    # Memory is given back: what is available after the fifth kill is within 300 MB of what
+    # Memory is given back: what is available after the third kill is within 300 MB of what
     # was after the first (an engine here holds about 700 MB).
     assert available[-1] > available[0] - 300 * 2**20, [a // 2**20 for a in available]
 

@@ -5,6 +5,8 @@ not a conftest: ``tests/conftest.py`` already owns that module name."""
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 import attrs
 import pytest
@@ -31,6 +33,9 @@ PROFILE = os.environ.get("RECOVERY_FSM_PROFILE", "ci")
 if PROFILE not in PROFILES:
     raise pytest.UsageError(f"RECOVERY_FSM_PROFILE must be one of {sorted(PROFILES)}")
 BUDGET = PROFILES[PROFILE]
+
+# Where a failing example's journal lands: keep it after the run to replay it.
+TRACES = Path(os.environ.get("RECOVERY_FSM_TRACES", Path(tempfile.gettempdir()) / "recovery-fsm"))
 
 
 def search_settings(examples: int, *, shrink: bool = True, derandomize: bool = False) -> settings:

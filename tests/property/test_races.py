@@ -1,28 +1,21 @@
-"""The real controller under Hypothesis's interleavings and the exhaustive explorer."""
+"""The real controller under Hypothesis's interleavings, and the explorer's simulator on given
+walks (the exhaustive searches are in ``test_explorer.py``)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
 import attrs
-from budget import BUDGET, search_settings
+from budget import BUDGET, TRACES, search_settings
 
-from recovery_fsm.search import Scope, Sim, explore, small_config
+from recovery_fsm.search import Scope, Sim, small_config
 from recovery_fsm.search.sim import TRAINER, Action
 from recovery_fsm.search.stateful import (
     WIDE_RESUME,
     WIDE_STANDBY,
     WIDE_WINDOW,
     race_search,
-    small_resume,
     small_standby,
     small_window,
 )
-
-# Where a failing example's journal lands: keep it after the run to replay it.
-TRACES = Path(os.environ.get("RECOVERY_FSM_TRACES", Path(tempfile.gettempdir()) / "recovery-fsm"))
 
 RealControllerRaces = race_search(journal_dir=TRACES)
 TestRealControllerRaces = RealControllerRaces.TestCase
@@ -46,40 +39,6 @@ WINDOW_SCOPE = small_window()
 ResumeRaces = race_search(scope=WIDE_RESUME, journal_dir=TRACES)
 TestResumeRaces = ResumeRaces.TestCase
 TestResumeRaces.settings = search_settings(BUDGET.examples)
-
-
-def test_explorer_finds_no_violation_in_the_real_controller() -> None:
-    result = explore(BUDGET.depth, journal_dir=TRACES)
-    print(result.report())
-    assert not result.found, result.report()
-    # Exhaustive: every level up to the depth was reached and had new states.
-    assert len(result.new_states) == BUDGET.depth and all(result.new_states)
-
-
-def test_every_state_settles_when_failures_stop() -> None:
-    result = explore(BUDGET.liveness_depth, liveness=True, journal_dir=TRACES)
-    assert not result.found, result.report()
-
-
-def test_explorer_finds_no_violation_with_a_standby_pool() -> None:
-    result = explore(BUDGET.liveness_depth, STANDBY_SCOPE, liveness=True, journal_dir=TRACES)
-    print(result.report())
-    assert not result.found, result.report()
-    assert len(result.new_states) == BUDGET.liveness_depth and all(result.new_states)
-
-
-def test_explorer_finds_no_violation_across_a_resume() -> None:
-    result = explore(BUDGET.liveness_depth, small_resume(), liveness=True, journal_dir=TRACES)
-    print(result.report())
-    assert not result.found, result.report()
-    assert len(result.new_states) == BUDGET.liveness_depth and all(result.new_states)
-
-
-def test_explorer_finds_no_violation_with_a_refilling_restart_budget() -> None:
-    result = explore(BUDGET.liveness_depth, WINDOW_SCOPE, liveness=True, journal_dir=TRACES)
-    print(result.report())
-    assert not result.found, result.report()
-    assert len(result.new_states) == BUDGET.liveness_depth and all(result.new_states)
 
 
 def test_a_budget_refilled_by_the_window_restarts_a_group_the_whole_run_would_retire() -> None:
