@@ -300,3 +300,24 @@ def test_a_serving_engine_that_says_it_holds_another_version_has_failed(tmp_path
     ]
     assert reasons == ["holds version None, not 1", "holds version 0, not 1"]
     assert replay(journal).ok
+
+
+def test_a_push_refusal_says_which_gate_refused_it() -> None:
+    """Each way admission refuses a process's answers to a push has its own kind (what the
+    runtime counts per kind), the words staying the journal's reason."""
+    from recovery_fsm.ray import Refusal, RefusalKind, WeightsHeld
+    from recovery_fsm.ray.admission import push_refusal
+
+    expected = Canary((1, 2), Answer((5, 6), (-0.7, -0.1), (3.0, 3.0)), "float32")
+    right, wrong = Answer((5, 6), (-0.7, -0.1)), Answer((9, 6), (-0.7, -0.1))
+    ok = WeightsHeld(2, "d-2")
+
+    def kind(digest: str | None, *answers: object) -> RefusalKind | None:
+        why = push_refusal(expected, digest, answers)
+        assert why is None or (isinstance(why, Refusal) and str(why) == why.detail)
+        return None if why is None else why.kind
+
+    assert kind("d-2", ok, right, ok, right) is None
+    assert kind("d-2", ok, right, WeightsHeld(2, "other"), right) is RefusalKind.DIGEST
+    assert kind(None, ok, right, ok, wrong) is RefusalKind.CANARY
+    assert kind("d-2", ok, "not an answer") is RefusalKind.NOT_IN_PROTOCOL

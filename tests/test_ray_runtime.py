@@ -359,6 +359,9 @@ def test_wrong_weights_are_refused_and_the_group_goes_cold(
         assert rt.sync(model, 2).get("g0") == rt.controller.incarnation("g0")
         assert rt.generate("g0", [4]).version == 2
         assert rt.statistics().recoveries == {"cold": 1}
+        # A corrupt file fails the load itself (no refusal); wrong weights fail the digest.
+        refused = {} if engine is ReferenceEngine else {"digest": 1}
+        assert rt.statistics().admissions_refused == refused
     refusals = [e["error"] for e in journal_events(tmp_path, "RestartLoadFailed")]
     if engine is UnseenWrongWeightsEngine:  # the canary agreed: the digest alone refused it
         assert len(refusals) == 1 and "digest gate" in refusals[0], refusals

@@ -120,6 +120,7 @@ def test_a_standby_that_fails_admission_is_not_routed_and_the_group_restarts(
                  what="g0 restarted from C(1)", timeout=120)  # fmt: skip
         assert rt.statistics().recoveries == {"immediate": 1}
         assert rt.generate("g0", [1, 2]).incarnation == 3
+        assert rt.statistics().admissions_refused == {"canary": 1}  # the claim's check
     [failed] = journal_events(tmp_path, "RestartLoadFailed")
     assert (failed["group"], failed["incarnation"]) == ("g0", 2)
     assert "digest gate" in failed["error"] or "canary" in failed["error"]

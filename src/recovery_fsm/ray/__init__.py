@@ -2,6 +2,7 @@
 the controller's decisions on them (see ``runtime.py`` for how they fit)."""
 
 from .actors import ActorTable, Booted, BootFailed, Launcher
+from .admission import Refusal, RefusalKind
 from .causes import cause_of
 from .cluster import start_local_cluster
 from .engine import Generation, ReferenceEngine, RolloutEngine, WeightsHeld
@@ -53,6 +54,8 @@ __all__ = [
     "RecoveryControllerActor",
     "RecoveryRuntime",
     "ReferenceEngine",
+    "Refusal",
+    "RefusalKind",
     "RemoteController",
     "RemoteLink",
     "Reporter",

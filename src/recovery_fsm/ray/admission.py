@@ -12,10 +12,39 @@ The verdict is the start's outcome, not a decision: a refusal is reported as a f
 
 from __future__ import annotations
 
+import enum
 from typing import Any
+
+import attrs
 
 from ..export.canary import Canary, CanaryError, check
 from .actors import Booted, BootFailed, Launcher
+
+
+class RefusalKind(str, enum.Enum):
+    """Why a process that started was not let serve: the gate that refused it, or what kept
+    any gate from vouching for it. A start that failed outright (its engine raised, its
+    process died) is no refusal: its reason is the engine's own cause."""
+
+    DIGEST = "digest"  # an actor holds other weights than the record's digest
+    CANARY = "canary"  # an actor's canary answer differs from the trainer's (or none came)
+    NO_EVIDENCE = "no_evidence"  # neither gate is available for these weights
+    NO_RECORD = "no_record"  # no push or checkpoint records what that version holds
+    WRONG_VERSION = "wrong_version"  # it holds another version than it was to hold
+    NOT_IN_PROTOCOL = "not_in_protocol"  # an answer is not what the engine protocol returns
+    INCOMPLETE = "incomplete"  # after a resume: never booted, or some of its actors are gone
+    MIXED = "mixed"  # after a resume: its actors hold different versions
+
+
+@attrs.frozen
+class Refusal:
+    """A refusal and its words (the journal keeps the words; the runtime counts the kinds)."""
+
+    kind: RefusalKind
+    detail: str
+
+    def __str__(self) -> str:
+        return self.detail
 
 
 def refusal(
@@ -26,7 +55,7 @@ def refusal(
     *,
     digest: str | None,
     canary: Canary | None,
-) -> str | None:
+) -> Refusal | None:
     """None if the process ``(group, incarnation)`` passes every gate it can, else why not.
     ``digest`` and ``canary``: what the weights given to it should show (None: unknown)."""
     by_digest = digest is not None and launcher.computes_digest
@@ -34,13 +63,14 @@ def refusal(
         assert digest is not None
         wrong = booted.digest_gate(digest)
         if wrong is not None:
-            return wrong
+            return Refusal(RefusalKind.DIGEST, wrong)
     if canary is None:
         if by_digest:
             return None
-        return (
+        return Refusal(
+            RefusalKind.NO_EVIDENCE,
             "no admission evidence: the engine computes no digest and no canary was "
-            "recorded with these weights (export with canary=canary.of_model(model))"
+            "recorded with these weights (export with canary=canary.of_model(model))",
         )
     answers = launcher.ask(
         group,
@@ -48,11 +78,11 @@ def refusal(
         lambda a: a.canary.remote(list(canary.prompt), len(canary.answer.tokens)),
     )
     if isinstance(answers, BootFailed):
-        return f"canary: no answer ({answers.reason})"
+        return Refusal(RefusalKind.CANARY, f"canary: no answer ({answers.reason})")
     for answer in answers:
         why = check(canary, answer)
         if why is not None:
-            return why
+            return Refusal(RefusalKind.CANARY, why)
     return None
 
 
@@ -78,17 +108,22 @@ def manifest_canary(manifest: dict[str, Any]) -> Canary | None:
         raise CanaryError(f"the manifest's canary: {err}") from err
 
 
-def push_refusal(expected: Canary, digest: str | None, answers: tuple[Any, ...]) -> str | None:
+def push_refusal(
+    expected: Canary, digest: str | None, answers: tuple[Any, ...]
+) -> Refusal | None:
     """Why a process's answers to a push (update, canary, per actor) refuse it, or None. An
     answer that is not what the protocol returns refuses that process only."""
     held, canaries = answers[0::2], answers[1::2]
     try:
         if digest is not None and (wrong := Booted(held).digest_gate(digest)):
-            return wrong
+            return Refusal(RefusalKind.DIGEST, wrong)
         for answer in canaries:
             why = check(expected, answer)
             if why is not None:
-                return why
+                return Refusal(RefusalKind.CANARY, why)
     except Exception as err:
-        return f"an answer not in the protocol: {type(err).__name__}: {err}"
+        return Refusal(
+            RefusalKind.NOT_IN_PROTOCOL,
+            f"an answer not in the protocol: {type(err).__name__}: {err}",
+        )
     return None

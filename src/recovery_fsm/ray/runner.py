@@ -39,6 +39,7 @@ from ..export.canary import Canary
 from ..host import EffectError, FailedEffects
 from . import admission
 from .actors import ActorTable, Booted, BootFailed, Launcher, kill
+from .admission import Refusal, RefusalKind
 from .reporter import Reporter
 from .router import TrafficRouter
 from .safety import SafetyCounters
@@ -229,6 +230,7 @@ class EffectRunner:
 
     def _run(self, effect: fx.Effect) -> None:
         """Run one queued effect; a start's outcome is reported whatever raises on the way."""
+        error: Refusal | str | None  # a refusal, a failed start's cause, or None: it started
         match effect:
             case (
                 fx.RestartFromCheckpoint(group=g, incarnation=inc)
@@ -254,7 +256,8 @@ class EffectRunner:
                     kill(self._table.take(g, inc))
                     self._table.wait_exited(g, inc)  # what it read is let go only then
                     self._reporter.report(ev.RelaunchFailed if cold else ev.RestartLoadFailed,
-                                          group=g, incarnation=inc, error=error)  # fmt: skip
+                                          group=g, incarnation=inc,
+                                          error=self._why(error))  # fmt: skip
             case fx.ClaimStandby(group=g, incarnation=inc):
                 try:
                     error = self._claim(effect)
@@ -270,7 +273,7 @@ class EffectRunner:
                     kill(self._table.take(g, inc))
                     self._table.wait_exited(g, inc)
                     self._reporter.report(ev.RestartLoadFailed, group=g, incarnation=inc,
-                                          error=error)  # fmt: skip
+                                          error=self._why(error))  # fmt: skip
             case fx.VerifyGroup(group=g, incarnation=inc):
                 try:
                     held, error = self._verify(g, inc)
@@ -285,7 +288,7 @@ class EffectRunner:
                     kill(self._table.take(g, inc))
                     self._table.wait_exited(g, inc)
                     self._reporter.report(ev.GroupFailed, group=g, incarnation=inc,
-                                          reason=f"not verified: {error}")  # fmt: skip
+                                          reason=f"not verified: {self._why(error)}")  # fmt: skip
             case fx.VerifyStandby(standby=s):
                 try:
                     held, error = self._verify(s, 1)
@@ -297,7 +300,7 @@ class EffectRunner:
                 else:
                     kill(self._table.take_standby(s))
                     self._reporter.report(ev.StandbyFailed, standby=s,
-                                          reason=f"not verified: {error}")  # fmt: skip
+                                          reason=f"not verified: {self._why(error)}")  # fmt: skip
             case fx.StartStandby(standby=s) | fx.LoadStandby(standby=s):
                 try:
                     error = self._standby(effect)
@@ -311,13 +314,21 @@ class EffectRunner:
                 else:
                     kill(self._table.take_standby(s))
                     self._table.wait_exited(s, 1)
-                    self._reporter.report(ev.StandbyFailed, standby=s, reason=str(error))
+                    self._reporter.report(ev.StandbyFailed, standby=s, reason=self._why(error))
             case fx.DeleteCheckpoint(version=v, path=path):
                 self._delete(v, path, effect)
             case _:
                 raise TypeError(f"no lane runs {effect!r}")
 
-    def _load(self, effect: fx.RestartFromCheckpoint | fx.LoadCheckpoint) -> str | None:
+    def _why(self, error: Refusal | str | None) -> str:
+        """A failed start's reason for its report; a refusal is counted by its kind."""
+        if isinstance(error, Refusal):
+            self._counters.admission_refused(error.kind)
+        return str(error)
+
+    def _load(
+        self, effect: fx.RestartFromCheckpoint | fx.LoadCheckpoint
+    ) -> Refusal | str | None:
         """Boot from (or load in place) the checkpoint; why it failed, or None."""
         g, inc, path = effect.group, effect.incarnation, effect.path
         self._counters.load_begins(path)
@@ -344,14 +355,14 @@ class EffectRunner:
 
     def _admit(
         self, g: str, inc: int, outcome: Booted, digest: str | None, canary: Canary | None
-    ) -> str | None:
+    ) -> Refusal | str | None:
         """Admission of a group's process; what it was held to is kept for its report."""
         why = admission.refusal(self._launcher, g, inc, outcome, digest=digest, canary=canary)
         if why is None:
             self._evidence[(g, inc)] = admission.evidence(self._launcher, digest, canary)
         return why
 
-    def _standby(self, effect: fx.StartStandby | fx.LoadStandby) -> str | None:
+    def _standby(self, effect: fx.StartStandby | fx.LoadStandby) -> Refusal | str | None:
         """Boot a standby empty, or load C(v) into it in place and admit what it holds;
         why it failed, or None."""
         s = effect.standby
@@ -378,16 +389,17 @@ class EffectRunner:
             digest=manifest["weights_digest"], canary=admission.manifest_canary(manifest),
         )  # fmt: skip
 
-    def _claim(self, effect: fx.ClaimStandby) -> str | None:
+    def _claim(self, effect: fx.ClaimStandby) -> Refusal | str | None:
         """The standby's actors take the group's name; with a path they load C(v) first.
         Either way they pass admission before the group serves: why not, or None."""
         g, inc, path = effect.group, effect.incarnation, effect.path
         if path is None:
             record = self._expected(effect.version)
             if record is None:
-                return (
+                return Refusal(
+                    RefusalKind.NO_RECORD,
                     f"no record of what version {effect.version} holds (no push or "
-                    "checkpoint of it): the standby cannot be admitted"
+                    "checkpoint of it): the standby cannot be admitted",
                 )
             digest, canary = record
             if canary is not None:  # one round: each actor's canary right behind its assume
@@ -413,12 +425,15 @@ class EffectRunner:
             digest, canary = manifest["weights_digest"], admission.manifest_canary(manifest)
         if any(h.version != effect.version for h in outcome.held):
             held = sorted({str(h.version) for h in outcome.held})
-            return f"the standby holds version {', '.join(held)}, not {effect.version}"
+            return Refusal(
+                RefusalKind.WRONG_VERSION,
+                f"the standby holds version {', '.join(held)}, not {effect.version}",
+            )
         return self._admit(g, inc, outcome, digest, canary)
 
     def _claim_as_it_is(
         self, g: str, inc: int, version: int, digest: str | None, canary: Canary
-    ) -> str | None:
+    ) -> Refusal | str | None:
         """A current standby's check in one round trip: every actor takes the group's name
         and answers the canary (an actor runs its calls in order)."""
         prompt, n = list(canary.prompt), len(canary.answer.tokens)
@@ -441,7 +456,10 @@ class EffectRunner:
             record = None if newer is None else self._expected(newer)
             if newer is None or record is None or record[1] is None:
                 shown = sorted(str(v) for v in held)
-                return f"the standby holds version {', '.join(shown)}, not {version}"
+                return Refusal(
+                    RefusalKind.WRONG_VERSION,
+                    f"the standby holds version {', '.join(shown)}, not {version}",
+                )
             digest, canary = record[0], record[1]
             self._ahead[(g, inc)] = newer
         gate = digest if self._launcher.computes_digest else None
@@ -452,7 +470,7 @@ class EffectRunner:
             self._ahead.pop((g, inc), None)
         return why
 
-    def _verify(self, g: str, inc: int) -> tuple[int | None, str | None]:
+    def _verify(self, g: str, inc: int) -> tuple[int | None, Refusal | str | None]:
         """What a process (a standby: incarnation 1) that outlived the trainer holds, checked
         against that version's record (the push's or its checkpoint's manifest): (version,
         None), or (None, why it cannot be trusted). Asked behind any load it still runs.
@@ -462,13 +480,22 @@ class EffectRunner:
         if isinstance(answers, BootFailed):
             return None, answers.reason
         if not all(answers[0::2]):
-            return None, "never booted: its boot died with the trainer that asked for it"
+            return None, Refusal(
+                RefusalKind.INCOMPLETE,
+                "never booted: its boot died with the trainer that asked for it",
+            )
         outcome = Booted(tuple(answers[1::2]))
         if len(outcome.held) != self._launcher.actors_per_group:
-            return None, f"{len(outcome.held)} of {self._launcher.actors_per_group} actors survived"
+            return None, Refusal(
+                RefusalKind.INCOMPLETE,
+                f"{len(outcome.held)} of {self._launcher.actors_per_group} actors survived",
+            )
         versions = {h.version for h in outcome.held}
         if len(versions) != 1:
-            return None, f"its actors hold different versions {sorted(map(str, versions))}"
+            return None, Refusal(
+                RefusalKind.MIXED,
+                f"its actors hold different versions {sorted(map(str, versions))}",
+            )
         version = versions.pop()
         record = None if version is None else self._expected(version)
         if version is None or record is None:

@@ -29,6 +29,9 @@ class SafetySnapshot:
     refused_reports: int  # outcomes the controller refused (a stale incarnation)
     duplicate_reports: int  # a retry after a timed-out send that had landed
     lost_reports: int  # outcomes that could not be delivered (logged): should stay 0
+    # Started processes admission refused, per kind (``RefusalKind`` values): each is a
+    # failed start in the journal, with the refusal's words as its reason.
+    admissions_refused: Mapping[str, int] = attrs.field(factory=dict)
 
 
 class SafetyCounters:
@@ -44,6 +47,7 @@ class SafetyCounters:
         self._refused = 0
         self._duplicates = 0
         self._lost = 0
+        self._admissions_refused: collections.Counter[str] = collections.Counter()
 
     def load_begins(self, path: str) -> None:
         with self._lock:
@@ -84,6 +88,10 @@ class SafetyCounters:
         with self._lock:
             self._refused += 1
 
+    def admission_refused(self, kind: str) -> None:
+        with self._lock:
+            self._admissions_refused[str(kind)] += 1
+
     def duplicate(self) -> None:
         with self._lock:
             self._duplicates += 1
@@ -101,6 +109,7 @@ class SafetyCounters:
                 self._refused,
                 self._duplicates,
                 self._lost,
+                dict(self._admissions_refused),
             )
 
     def sizes(self) -> Mapping[str, int]:

@@ -28,6 +28,11 @@ class Statistics:
         return self.safety.refused_reports
 
     @property
+    def admissions_refused(self) -> Mapping[str, int]:
+        """Started processes that admission refused, per ``RefusalKind`` value."""
+        return self.safety.admissions_refused
+
+    @property
     def lost_reports(self) -> int:
         return self.safety.lost_reports
 

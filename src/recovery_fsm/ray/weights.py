@@ -125,6 +125,8 @@ class Weights:
                 if isinstance(answers, str)
                 else admission.push_refusal(expected, digest, answers)
             )
+            if isinstance(why, admission.Refusal):
+                self._counters.admission_refused(why.kind)
             if why is not None:
                 log.warning("weight push of %d to %s#%d refused: %s", version, g, inc, why)
             elif loads_after.get(g, 0) != loads_before.get(g, 0):
