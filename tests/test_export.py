@@ -598,7 +598,7 @@ def test_a_closed_exporter_says_so(model: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_load_model_copies_the_verified_weights_once_and_answers_as_from_pretrained(
+def test_load_model_takes_the_verified_weights_without_a_second_copy_and_answers_as_before(
     tmp_path: Path, tied: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The verified weights are read once into the process's own memory and the model takes
@@ -632,6 +632,9 @@ def test_load_model_copies_the_verified_weights_once_and_answers_as_from_pretrai
     assert not loaded.training
     embed, head = loaded.model.embed_tokens.weight, loaded.lm_head.weight
     assert (embed is head) is tied and (embed.data_ptr() == head.data_ptr()) is tied
+    # The weights are the buffer the verified read filled, not copies of it (one shard here).
+    storages = {p.untyped_storage().data_ptr() for p in loaded.parameters()}
+    assert len(storages) == 1, len(storages)
     if sys.platform == "linux":  # the model keeps no mapping of the checkpoint's files
         assert mapped_shards() == []
     with torch.no_grad():
@@ -657,5 +660,17 @@ def test_a_shard_cut_short_while_it_is_read_is_corrupt(
         advise(fd, offset, length, advice)
 
     monkeypatch.setattr(io.os, "posix_fadvise", cut_then_advise)
-    with pytest.raises(CorruptCheckpoint, match="ended early"):
-        load_checkpoint(path)
+    raised: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            load_checkpoint(path)
+        except BaseException as err:
+            raised.append(err)
+
+    reader = threading.Thread(target=load, daemon=True)  # a read that waits forever: fail
+    reader.start()
+    reader.join(60)
+    assert not reader.is_alive(), "the read waits for bytes that will never come"
+    assert len(raised) == 1 and isinstance(raised[0], CorruptCheckpoint), raised
+    assert "ended early" in str(raised[0])

@@ -14,6 +14,7 @@ per-tensor digests are what an engine recomputes from the weights it holds.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -299,7 +300,8 @@ def read_verified(
         if size < 8:
             raise CorruptCheckpoint(f"{path} is too short for a safetensors file")
         if hasattr(os, "posix_fadvise"):  # from disk: read ahead while the hash runs
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            with contextlib.suppress(OSError):  # only advice: some filesystems refuse it
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
         head = _read_at(path, fd, 0, 8)
         (n,) = struct.unpack("<Q", head)
         if n > size - 8:
@@ -321,11 +323,10 @@ def read_verified(
         def digest(slot: _Slot) -> str:
             h = new_hasher(hash_name)
             for start in range(slot.begin, slot.end, READ_CHUNK):
-                chunk = source[start : min(start + READ_CHUNK, slot.end)]
-                if keep:
-                    _read_into(path, fd, base + start, chunk)
-                h.update(chunk)
-                chunk.release()
+                with source[start : min(start + READ_CHUNK, slot.end)] as chunk:
+                    if keep:
+                        _read_into(path, fd, base + start, chunk)
+                    h.update(chunk)
             return h.hexdigest()
 
         try:
@@ -342,7 +343,7 @@ def read_verified(
                 mapped.close()
     if not keep:
         return {}
-    return {slot.name: _tensor_at(data, slot, base) for slot in slots}
+    return {slot.name: _tensor_at(data, slot) for slot in slots}
 
 
 def _read_at(path: str | os.PathLike[str], fd: int, offset: int, length: int) -> bytes:
@@ -412,12 +413,13 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
-def _tensor_at(data: torch.Tensor, slot: _Slot, base: int) -> torch.Tensor:
-    """The tensor at ``slot`` of ``data``, which starts ``base`` bytes into the mapping."""
+def _tensor_at(data: torch.Tensor, slot: _Slot) -> torch.Tensor:
+    """The tensor at ``slot`` of ``data``, the shard's data in a buffer of its own (aligned
+    by the allocator: only the slot's offset can misalign it)."""
     dtype = DTYPES[slot.dtype]
     raw = data[slot.begin : slot.end]
     if raw.numel() == 0:
         return torch.empty(slot.shape, dtype=dtype)
-    if (base + slot.begin) % dtype.itemsize:  # a view needs aligned storage: copy this one
+    if slot.begin % dtype.itemsize:  # a view needs aligned storage: copy this one
         raw = raw.clone()
     return raw.view(dtype).view(slot.shape)

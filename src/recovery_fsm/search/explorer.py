@@ -7,6 +7,7 @@ once. Because the search is breadth-first, the first violation found has a short
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -93,7 +94,9 @@ def explore(
                     new_states.append(len(following))
                     journal = None
                     if journal_dir is not None:
-                        name = f"explore-{subject_name(rules, host)}.jsonl"
+                        # The scope in the name: searches run side by side do not share a file.
+                        world = hashlib.sha256(repr(scope).encode()).hexdigest()[:8]
+                        name = f"explore-{subject_name(rules, host)}-{world}.jsonl"
                         journal = child.write_journal(Path(journal_dir) / name)
                     return Exploration(
                         level,
