@@ -35,6 +35,9 @@ class RefusalKind(str, enum.Enum):
     INCOMPLETE = "incomplete"  # after a resume: never booted, or some of its actors are gone
     MIXED = "mixed"  # after a resume: its actors hold different versions
 
+    def __str__(self) -> str:
+        return self.value
+
 
 @attrs.frozen
 class Refusal:
