@@ -315,10 +315,14 @@ def read_verified(
         base = 8 + n
         # Kept tensors need memory of their own; a check alone reads the file's pages where
         # they are, mapped (no copy, nothing of the mapping outlives this call).
-        data = torch.empty(size - base if keep else 0, dtype=torch.uint8)
-        mapped = None if keep else mmap.mmap(fd, size, prot=mmap.PROT_READ)
-        whole = raw_bytes(data) if mapped is None else memoryview(mapped)
-        source = whole if mapped is None else whole[base:]
+        mapped = None
+        if keep:
+            data = torch.empty(size - base, dtype=torch.uint8)
+            whole = source = raw_bytes(data)
+        else:
+            mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+            whole = memoryview(mapped)
+            source = whole[base:]
 
         def digest(slot: _Slot) -> str:
             h = new_hasher(hash_name)
